@@ -1,0 +1,3 @@
+from mlops.cli import main
+
+main()

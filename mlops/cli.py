@@ -1,0 +1,145 @@
+"""`mlops`: one command per stage. Heavy packages are imported inside commands, so `--help` is instant."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+from mlops.errors import MLOpsError
+
+app = typer.Typer(
+    help="Registry-centric MLOps for fine-tuning LLMs: base models, data snapshots, training, eval, sweeps.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+base_model_app = typer.Typer(help="Import and list base models.", no_args_is_help=True)
+config_app = typer.Typer(help="Show the resolved config and its hash.", no_args_is_help=True)
+app.add_typer(base_model_app, name="base-model")
+app.add_typer(config_app, name="config")
+
+ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config file")
+OverridesArg = typer.Argument(None, help="key=value overrides, e.g. train.lr=1e-4", show_default=False)
+
+
+def split_overrides(overrides: list[str] | None) -> list[str]:
+    """`mlflow run -P overrides="a=1 b=2"` arrives as one argument: split it, honouring quotes."""
+    import shlex
+
+    return [part for item in overrides or [] for part in shlex.split(item)]
+
+
+def load(config: Path | None, overrides: list[str] | None):
+    from mlops.config import load_config
+
+    return load_config(config, split_overrides(overrides))
+
+
+@base_model_app.command("import")
+def base_model_import(name: str = typer.Argument(..., help="built-in base model: smollm2 or tiny")) -> None:
+    """Import a built-in base model into the local catalog (a no-op when already imported)."""
+    from mlops.base_models import catalog, import_base_model
+
+    before = catalog().get(name)
+    entry = import_base_model(name)
+    state = "already imported" if before else f"imported in {entry['import_seconds']} s"
+    typer.echo(f"{entry['name']}: {entry['id']} at {entry['path']} ({state})")
+
+
+@base_model_app.command("list")
+def base_model_list() -> None:
+    """Show the base model catalog and the built-in models not imported yet."""
+    from mlops.base_models import BASE_MODELS, catalog
+
+    entries = catalog()
+    for name in BASE_MODELS.names():
+        entry = entries.get(name)
+        if entry:
+            typer.echo(f"{name:10} {entry['id']}  {entry['path']}  ({entry['description']})")
+        else:
+            typer.echo(f"{name:10} {'-':19}  not imported: mlops base-model import {name}")
+
+
+@config_app.command("show")
+def config_show(config: Path | None = ConfigOpt, overrides: list[str] | None = OverridesArg) -> None:
+    """Print the resolved config (every default spelled out) and its canonical hash."""
+    from mlops.config import config_hash, resolved_yaml
+
+    cfg = load(config, overrides)
+    typer.echo(resolved_yaml(cfg))
+    typer.echo(f"# config hash: {config_hash(cfg)}")
+
+
+@app.command()
+def info() -> None:
+    """Where state lives: project home, tracking URI, image tag, git commit."""
+    from mlops.lineage import code_version, git_state, image_tag
+    from mlops.paths import project_home
+    from mlops.tracking import tracking_uri
+
+    tag, mutable = image_tag()
+    commit, dirty = git_state()
+    typer.echo(
+        json.dumps(
+            {
+                "home": str(project_home()),
+                "tracking_uri": tracking_uri(),
+                "image_tag": tag,
+                "image_tag_mutable": mutable,
+                "git_commit": commit,
+                "git_dirty": dirty,
+                "code_version": code_version(),
+            },
+            indent=2,
+        )
+    )
+
+
+@app.command()
+def smoke(
+    base_model: str = typer.Option(None, help="base model name or HF folder (overrides the config)"),
+    prompt: str = typer.Option(None, help="user message to answer"),
+    max_new_tokens: int = typer.Option(32, min=1, max=512),
+    config: Path | None = ConfigOpt,
+    overrides: list[str] | None = OverridesArg,
+) -> None:
+    """Greedy chat generation on a base model, logged as a run with every lineage tag."""
+    from mlops.smoke import DEFAULT_PROMPT, run_smoke
+
+    extra = [f"base_model={base_model}"] if base_model else []
+    cfg = load(config, [*(overrides or []), *extra])
+    run_id, generation = run_smoke(cfg, prompt or DEFAULT_PROMPT, max_new_tokens)
+    typer.echo(f"prompt:     {generation.prompt}\ncompletion: {generation.text}\nrun id:     {run_id}")
+
+
+def _register_stages() -> None:
+    from evaluation.cli import register as register_eval
+    from mlops.data.cli import app as data_app
+    from training.cli import app as train_app
+    from training.sweep_cli import app as sweep_app
+
+    app.add_typer(data_app, name="data")
+    app.add_typer(train_app, name="train")
+    app.add_typer(sweep_app, name="sweep")
+    register_eval(app)
+
+
+def _offline_defaults() -> None:
+    # The hub is unreachable here; without these, transformers and datasets stall on network retries.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def main() -> None:
+    _offline_defaults()
+    _register_stages()
+    try:
+        app()
+    except MLOpsError as err:
+        typer.echo(f"error: {err}", err=True)
+        sys.exit(err.exit_code)

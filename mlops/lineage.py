@@ -1,0 +1,175 @@
+"""The lineage vocabulary, defined once, and how each value is found.
+
+This module is the only place lineage tag names are spelled. Runs, checkpoints, snapshots and model versions
+all carry the same tags, so any artifact can be traced back to its config, data, code and runtime image.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from mlops.errors import StrictModeError
+
+PIPELINE_VERSION = "1"
+IMAGE_TAG_ENV = "MLOPS_IMAGE_TAG"
+
+
+class Tag(StrEnum):
+    """Lineage tag names, as they appear on MLflow runs and model versions."""
+
+    CONFIG_HASH = "mlops.config_hash"
+    SNAPSHOT_ID = "mlops.data_snapshot_id"
+    IMAGE_TAG = "mlops.image_tag"
+    IMAGE_TAG_MUTABLE = "mlops.image_tag_mutable"
+    GIT_COMMIT = "mlops.git_commit"
+    GIT_DIRTY = "mlops.git_dirty"
+    BASE_MODEL = "mlops.base_model"
+    BASE_MODEL_ID = "mlops.base_model_id"
+    SEED = "mlops.seed"
+    CHECKPOINT_MANIFEST = "mlops.checkpoint_manifest_uri"
+    CODE_VERSION = "mlops.code_version"
+    STAGE = "mlops.stage"
+    WORLD_SIZE = "mlops.world_size"
+    ZERO_STAGE = "mlops.zero_stage"
+    RELEASE = "mlops.release"
+    FAILURE_REASON = "mlops.failure_reason"
+    PARENT_RUN = "mlops.parent_run_id"
+    SOURCE_RUN = "mlops.source_run_id"
+    SUITE_VERSION = "mlops.suite_version"
+    PROFILE_HASH = "mlops.deployment_profile_hash"
+
+
+def code_version() -> str:
+    try:
+        version = importlib.metadata.version("mlops-llm")
+    except importlib.metadata.PackageNotFoundError:
+        version = "0+unknown"
+    return f"{version}+pipeline{PIPELINE_VERSION}"
+
+
+def _git(args: list[str], cwd: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_state(cwd: Path | None = None) -> tuple[str, bool]:
+    """(commit, dirty) of the source tree; ('unknown', True) outside a git checkout."""
+    root = cwd or Path(__file__).resolve().parent.parent
+    commit = _git(["rev-parse", "HEAD"], root)
+    if not commit:
+        return "unknown", True
+    status = _git(["status", "--porcelain", "--untracked-files=no"], root)
+    return commit, bool(status)
+
+
+def environment_fingerprint() -> str:
+    """Hash of the python version, platform and every installed distribution with its version."""
+    packages = sorted(
+        f"{(d.metadata['Name'] or '').lower()}=={d.version}" for d in importlib.metadata.distributions()
+    )
+    blob = "\n".join([sys.version, platform.platform(), platform.machine(), *packages])
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def image_tag() -> tuple[str, bool]:
+    """(tag, mutable). The Dockerfile pins the runtime and sets MLOPS_IMAGE_TAG; without it the tag is
+    derived from the environment and marked mutable, since nothing stops that environment changing."""
+    pinned = os.environ.get(IMAGE_TAG_ENV, "").strip()
+    if pinned:
+        return pinned, False
+    return f"local-{environment_fingerprint()}", True
+
+
+@dataclass(frozen=True)
+class Lineage:
+    config_hash: str
+    image_tag: str
+    image_tag_mutable: bool
+    git_commit: str
+    git_dirty: bool
+    code_version: str
+    seed: int
+    base_model: str | None = None
+    base_model_id: str | None = None
+    snapshot_id: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def as_tags(self) -> dict[str, str]:
+        tags = {
+            Tag.CONFIG_HASH: self.config_hash,
+            Tag.IMAGE_TAG: self.image_tag,
+            Tag.IMAGE_TAG_MUTABLE: str(self.image_tag_mutable).lower(),
+            Tag.GIT_COMMIT: self.git_commit,
+            Tag.GIT_DIRTY: str(self.git_dirty).lower(),
+            Tag.CODE_VERSION: self.code_version,
+            Tag.SEED: str(self.seed),
+        }
+        optional = {
+            Tag.BASE_MODEL: self.base_model,
+            Tag.BASE_MODEL_ID: self.base_model_id,
+            Tag.SNAPSHOT_ID: self.snapshot_id,
+        }
+        tags.update({k: v for k, v in optional.items() if v is not None})
+        tags.update(self.extra)
+        return {str(k): str(v) for k, v in tags.items()}
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def collect_lineage(
+    config_hash: str,
+    seed: int,
+    *,
+    base_model: str | None = None,
+    base_model_id: str | None = None,
+    snapshot_id: str | None = None,
+    extra: dict[str, str] | None = None,
+) -> Lineage:
+    tag, mutable = image_tag()
+    commit, dirty = git_state()
+    return Lineage(
+        config_hash=config_hash,
+        image_tag=tag,
+        image_tag_mutable=mutable,
+        git_commit=commit,
+        git_dirty=dirty,
+        code_version=code_version(),
+        seed=seed,
+        base_model=base_model,
+        base_model_id=base_model_id,
+        snapshot_id=snapshot_id,
+        extra={str(k): str(v) for k, v in (extra or {}).items()},
+    )
+
+
+def enforce_release(lineage: Lineage, release: bool) -> None:
+    """Strict mode: a release must be reproducible from an immutable image and a committed tree."""
+    if not release:
+        return
+    problems = []
+    if lineage.image_tag_mutable:
+        problems.append(
+            f"the image tag '{lineage.image_tag}' is mutable (no {IMAGE_TAG_ENV} set); "
+            "build and run inside the pinned image from the Dockerfile, which sets it"
+        )
+    if lineage.git_dirty:
+        problems.append(
+            f"the git tree at commit {lineage.git_commit[:12]} has uncommitted changes; commit or stash them"
+        )
+    if problems:
+        raise StrictModeError(
+            "release mode (run.release=true) refuses to start: " + "; and ".join(problems) + ". "
+            "Fix those, or run with run.release=false for an experiment."
+        )

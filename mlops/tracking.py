@@ -1,0 +1,287 @@
+"""Tracking behind one small interface. This is the only module that calls MLflow's logging API.
+
+Embedded default: SQLite at `<home>/.mlops/mlflow.db` with artifacts under `<home>/.mlops/artifacts`.
+`MLFLOW_TRACKING_URI` wins when set (a tracking server over PostgreSQL is the scale path). Under
+`mlflow run`, MLflow has already created a run and exported `MLFLOW_RUN_ID`: the tracker attaches to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+from mlops.errors import MLOpsError, TrackingError
+from mlops.lineage import Tag
+from mlops.paths import mlops_dir
+
+RUN_ID_ENV = "MLFLOW_RUN_ID"
+URI_ENV = "MLFLOW_TRACKING_URI"
+
+
+class Tracker(Protocol):
+    run_id: str
+
+    def log_params(self, params: Mapping[str, Any]) -> None: ...
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None: ...
+    def set_tags(self, tags: Mapping[str, Any]) -> None: ...
+    def log_artifact(self, path: Path | str, artifact_path: str | None = None) -> None: ...
+    def log_dict(self, obj: Any, name: str) -> None: ...
+    def close(self, status: str = "FINISHED", reason: str | None = None) -> None: ...
+
+
+def default_tracking_uri() -> str:
+    return f"sqlite:///{mlops_dir() / 'mlflow.db'}"
+
+
+def tracking_uri() -> str:
+    return os.environ.get(URI_ENV, "").strip() or default_tracking_uri()
+
+
+def default_artifact_location() -> str:
+    return (mlops_dir() / "artifacts").as_uri()
+
+
+def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
+    """Fail fast, before any work, when the tracking backend cannot be reached."""
+    parsed = urllib.parse.urlparse(uri)
+    fix = f"Fix: start the server or set {URI_ENV} to a reachable store (unset it for the embedded SQLite default)."
+    if parsed.scheme in ("http", "https"):
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:
+                if resp.status == 200:
+                    return
+        except OSError as err:
+            raise TrackingError(f"tracking server {uri} is unreachable ({err}). {fix}") from None
+        raise TrackingError(f"tracking server {uri} answered /health with an error. {fix}")
+    if parsed.scheme.startswith("postgresql") or parsed.scheme.startswith("mysql"):
+        host, port = parsed.hostname or "127.0.0.1", parsed.port or 5432
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+        except OSError as err:
+            raise TrackingError(f"tracking database {host}:{port} is unreachable ({err}). {fix}") from None
+        return
+    if parsed.scheme == "sqlite":
+        path = Path(uri.removeprefix("sqlite:///"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(path.parent, os.W_OK):
+            raise TrackingError(f"tracking database folder {path.parent} is not writable. {fix}")
+        return
+    if parsed.scheme in ("", "file"):
+        return
+    raise TrackingError(f"tracking URI '{uri}' has an unsupported scheme '{parsed.scheme}'. {fix}")
+
+
+def _client(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def ensure_experiment(client, name: str, uri: str) -> str:
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    location = default_artifact_location() if uri == default_tracking_uri() else None
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except Exception:  # created concurrently by another worker
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
+class MlflowTracker:
+    """A run in MLflow. Metrics are sent asynchronously in batches so logging never stalls a step."""
+
+    def __init__(self, client, run_id: str, uri: str) -> None:
+        self.client = client
+        self.run_id = run_id
+        self.uri = uri
+        self._closed = False
+
+    @classmethod
+    def start(
+        cls,
+        experiment: str,
+        *,
+        run_name: str | None = None,
+        tags: Mapping[str, Any] | None = None,
+        parent_run_id: str | None = None,
+        resume_run_id: str | None = None,
+        attach_env_run: bool = True,
+    ) -> MlflowTracker:
+        uri = tracking_uri()
+        check_tracking_uri(uri)
+        client = _client(uri)
+        env_run = os.environ.get(RUN_ID_ENV) if attach_env_run else None
+        run_id = resume_run_id or (env_run if not parent_run_id else None)
+        if run_id:
+            client.update_run(run_id, status="RUNNING")
+        else:
+            experiment_id = ensure_experiment(client, experiment, uri)
+            run_tags = {"mlflow.runName": run_name} if run_name else {}
+            if parent_run_id:
+                run_tags["mlflow.parentRunId"] = parent_run_id
+                run_tags[str(Tag.PARENT_RUN)] = parent_run_id
+            run_id = client.create_run(experiment_id, tags=run_tags, run_name=run_name).info.run_id
+        tracker = cls(client, run_id, uri)
+        if tags:
+            tracker.set_tags(tags)
+        return tracker
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        existing = self.client.get_run(self.run_id).data.params
+        fresh = [Param(str(k), str(v)[:6000]) for k, v in params.items() if str(k) not in existing]
+        for i in range(0, len(fresh), 100):
+            self.client.log_batch(self.run_id, params=fresh[i : i + 100])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(str(k), float(v), now, int(step or 0)) for k, v in metrics.items()]
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch, synchronous=False)
+
+    log = log_metrics
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        batch = [RunTag(str(k), str(v)[:5000]) for k, v in tags.items() if v is not None]
+        if batch:
+            self.client.log_batch(self.run_id, tags=batch)
+
+    def log_artifact(self, path: Path | str, artifact_path: str | None = None) -> None:
+        path = Path(path)
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), artifact_path)
+        else:
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def log_dict(self, obj: Any, name: str) -> None:
+        self.client.log_dict(self.run_id, obj, name)
+
+    def log_text(self, text: str, name: str) -> None:
+        self.client.log_text(self.run_id, text, name)
+
+    def log_input(self, name: str, digest: str, source: str, context: str = "training") -> None:
+        """Record a data snapshot as a dataset input of the run."""
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        dataset = Dataset(name=name, digest=digest[:36], source_type="local", source=json.dumps({"uri": source}))
+        self.client.log_inputs(self.run_id, [DatasetInput(dataset, [InputTag("mlflow.data.context", context)])])
+
+    def log_hf_model(self, hf_dir: Path | str, name: str = "model") -> str:
+        """Log an HF folder as a pyfunc model of this run; returns its `runs:/` URI."""
+        import mlflow
+
+        from mlops.hf_pyfunc import HF_ARTIFACT, HFChatModel
+
+        mlflow.set_tracking_uri(self.uri)
+        active = mlflow.active_run()
+        if active is None or active.info.run_id != self.run_id:
+            # Attach without the context manager: leaving it would end the run early.
+            mlflow.start_run(run_id=self.run_id)
+        mlflow.pyfunc.log_model(
+            name=name,
+            python_model=HFChatModel(),
+            artifacts={HF_ARTIFACT: str(hf_dir)},
+            pip_requirements=["mlops-llm", "torch==2.13.0", "transformers"],
+        )
+        return f"runs:/{self.run_id}/{name}"
+
+    def flush(self) -> None:
+        import mlflow
+
+        mlflow.flush_async_logging()
+
+    def close(self, status: str = "FINISHED", reason: str | None = None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.flush()
+        if reason:
+            self.set_tags({Tag.FAILURE_REASON: reason})
+        self.client.set_terminated(self.run_id, status=status)
+        import mlflow
+
+        active = mlflow.active_run()
+        if active is not None and active.info.run_id == self.run_id:
+            mlflow.end_run(status)
+
+
+@contextmanager
+def tracked_run(experiment: str, **kwargs: Any) -> Iterator[MlflowTracker]:
+    """A run that is FINISHED on success and FAILED, with the reason as a tag, on any error."""
+    tracker = MlflowTracker.start(experiment, **kwargs)
+    try:
+        yield tracker
+    except BaseException as err:
+        reason = str(err) if isinstance(err, MLOpsError) else f"{type(err).__name__}: {err}"
+        if isinstance(err, KeyboardInterrupt):
+            reason = "interrupted"
+        tracker.close("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", reason=reason[:4000])
+        raise
+    else:
+        tracker.close("FINISHED")
+
+
+class MemoryTracker:
+    """An in-memory tracker for unit tests and dry runs."""
+
+    def __init__(self, run_id: str = "memory") -> None:
+        self.run_id = run_id
+        self.params: dict[str, str] = {}
+        self.metrics: list[tuple[int | None, dict[str, float]]] = []
+        self.tags: dict[str, str] = {}
+        self.artifacts: dict[str, Any] = {}
+        self.status: str | None = None
+        self.artifact_dir = Path(tempfile.mkdtemp(prefix="mlops-memtracker-"))
+
+    def log_params(self, params):
+        self.params.update({str(k): str(v) for k, v in params.items()})
+
+    def log_metrics(self, metrics, step=None):
+        self.metrics.append((step, {str(k): float(v) for k, v in metrics.items()}))
+
+    log = log_metrics
+
+    def set_tags(self, tags):
+        self.tags.update({str(k): str(v) for k, v in tags.items() if v is not None})
+
+    def log_artifact(self, path, artifact_path=None):
+        self.artifacts[str(Path(artifact_path or "") / Path(path).name)] = Path(path)
+
+    def log_dict(self, obj, name):
+        self.artifacts[name] = obj
+
+    def log_text(self, text, name):
+        self.artifacts[name] = text
+
+    def log_input(self, name, digest, source, context="training"):
+        self.artifacts[f"input:{name}"] = {"digest": digest, "source": source, "context": context}
+
+    def log_hf_model(self, hf_dir, name="model"):
+        self.artifacts[name] = Path(hf_dir)
+        return f"memory:/{self.run_id}/{name}"
+
+    def flush(self):
+        pass
+
+    def close(self, status="FINISHED", reason=None):
+        self.status = status
+        if reason:
+            self.tags[str(Tag.FAILURE_REASON)] = reason
