@@ -1,0 +1,68 @@
+"""Shared fixtures: an isolated project home per test, the tiny model, a fresh PostgreSQL database."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+PG_ADMIN = os.environ.get("MLOPS_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+@pytest.fixture
+def mlops_home(tmp_path, monkeypatch) -> Path:
+    """A fresh project home with the embedded SQLite tracking store."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("MLOPS_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+    return home
+
+
+@pytest.fixture(scope="session")
+def model_cache() -> Path:
+    """Base models built once and reused by every test session (import is a no-op when present)."""
+    return Path(os.environ.get("MLOPS_TEST_CACHE", REPO / ".mlops" / "test-cache")) / "models"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(model_cache) -> dict:
+    """The `tiny` base model catalog entry: {'name', 'id', 'path'}."""
+    from mlops.base_models import import_base_model
+
+    return import_base_model("tiny", root=model_cache)
+
+
+@pytest.fixture
+def postgres_url() -> str:
+    """A fresh PostgreSQL database for this test; dropped afterwards."""
+    try:
+        import psycopg
+
+        admin = psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=3)
+    except Exception as err:  # noqa: BLE001 - any connection failure means "no PostgreSQL here"
+        message = f"PostgreSQL is not reachable at {PG_ADMIN} ({err}); start it or set MLOPS_TEST_PG"
+        if in_ci():
+            pytest.fail(f"{message}. Under CI=true a PostgreSQL test may not skip.")
+        pytest.skip(message)
+    name = f"mlops_test_{uuid.uuid4().hex[:10]}"
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
