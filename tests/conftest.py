@@ -49,7 +49,7 @@ def tiny_model(model_cache) -> dict:
 
 @pytest.fixture
 def postgres_url() -> str:
-    """A fresh PostgreSQL database for this test; dropped afterwards."""
+    """A fresh PostgreSQL database for this test (SQLAlchemy URL); dropped afterwards."""
     try:
         import psycopg
 
@@ -62,7 +62,9 @@ def postgres_url() -> str:
     name = f"mlops_test_{uuid.uuid4().hex[:10]}"
     admin.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
+        # SQLAlchemy (MLflow, Optuna) needs the driver named: psycopg 3 is the one installed.
+        base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+        yield f"{base}/{name}"
     finally:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
