@@ -1,0 +1,350 @@
+"""The on-disk snapshot format: sharded, memory-mapped, fixed-length token sequences plus a manifest.
+
+A snapshot is a folder `.mlops/snapshots/<snapshot_id>/`:
+
+    manifest.json                         written last and atomically; without it the folder is no snapshot
+    <split>/index.json                    {"count", "seq_len", "shards": [{"name", "start", "count"}]}
+    <split>/shard-00000.input_ids.npy     int32 [count, seq_len]   (pad positions hold the pad id)
+    <split>/shard-00000.attention_mask.npy uint8 [count, seq_len]  (1 = real token)
+    <split>/shard-00000.loss_mask.npy     uint8 [count, seq_len]   (1 = trained on: assistant tokens)
+    <split>/shard-00000.meta.jsonl        one line per sample: {"id", "domain", "source", "records"}
+
+Splits are "train" and "validation". Reading API (what training builds on):
+
+    resolve_snapshot(snapshot_id) -> Path            # mlops.data.snapshot; NotFoundError with "did you mean"
+    verify_snapshot(snapshot_id_or_path) -> dict     # re-hash every file against the manifest
+    reader = SnapshotReader(path, split="train")
+    reader.manifest, reader.seq_len, len(reader)
+    reader.get(i) -> Sample(input_ids, attention_mask, loss_mask, sample_id)
+    reader.global_order(seed, start=0) -> Iterator[(global_index, sample_index)]
+        # forever over epochs: epoch = g // n, permutation seeded by (seed, epoch); starting at any g
+        # costs one permutation of n ints and never touches earlier samples
+
+Writing: `ShardWriter` appends samples to a split and flushes a shard every `shard_size` samples, so memory
+stays bounded. `write_snapshot({...})` writes a complete, valid snapshot straight from token sequences, for
+tests and for training code that needs a snapshot without running the data pipeline.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mlops.errors import MLOpsError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+INDEX = "index.json"
+SPLITS = ("train", "validation")
+ARRAYS = ("input_ids", "attention_mask", "loss_mask")
+DTYPES = {"input_ids": np.int32, "attention_mask": np.uint8, "loss_mask": np.uint8}
+DEFAULT_SHARD_SIZE = 4096
+
+
+@dataclass(frozen=True)
+class Sample:
+    input_ids: np.ndarray  # int32 [seq_len]
+    attention_mask: np.ndarray  # uint8 [seq_len]
+    loss_mask: np.ndarray  # uint8 [seq_len]
+    sample_id: str
+
+
+# --------------------------------------------------------------------------- atomic writes and hashing
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def data_files(folder: Path) -> list[Path]:
+    """Every file of a snapshot except the manifest, in a stable order."""
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST and not p.name.startswith("."))
+
+
+def hash_files(folder: Path) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): file_sha256(p) for p in data_files(folder)}
+
+
+def content_hash(files: Mapping[str, str]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        digest.update(f"{name}\0{files[name]}\n".encode())
+    return digest.hexdigest()
+
+
+def snapshot_id_for(files: Mapping[str, str], tokenizer_hash: str, config_hash: str) -> str:
+    """The id: content hash of the shards, the tokenizer hash and the pipeline config hash."""
+    blob = f"{content_hash(files)}|{tokenizer_hash}|{config_hash}"
+    return "snap-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- writing
+
+
+class ShardWriter:
+    """Appends fixed-length samples to one split; a shard is flushed every `shard_size` samples."""
+
+    def __init__(self, folder: Path, seq_len: int, pad_id: int, shard_size: int = DEFAULT_SHARD_SIZE) -> None:
+        self.folder = folder
+        self.seq_len = seq_len
+        self.pad_id = pad_id
+        self.shard_size = shard_size
+        self.shards: list[dict] = []
+        self.count = 0
+        self._rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._meta: list[dict] = []
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def add(self, input_ids: Sequence[int], loss_mask: Sequence[int] | None, meta: Mapping[str, Any]) -> None:
+        n = len(input_ids)
+        if n == 0 or n > self.seq_len:
+            raise MLOpsError(
+                f"sample '{meta.get('id')}' has {n} tokens; a sample needs 1..{self.seq_len} (seq_len). "
+                "Fix: drop or truncate it before writing, or raise data.seq_len."
+            )
+        ids = np.full(self.seq_len, self.pad_id, dtype=np.int32)
+        ids[:n] = np.asarray(input_ids, dtype=np.int32)
+        attn = np.zeros(self.seq_len, dtype=np.uint8)
+        attn[:n] = 1
+        loss = np.zeros(self.seq_len, dtype=np.uint8)
+        loss[:n] = 1 if loss_mask is None else np.asarray(loss_mask, dtype=np.uint8)
+        self._rows.append((ids, attn, loss))
+        self._meta.append(dict(meta))
+        if len(self._rows) >= self.shard_size:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._rows:
+            return
+        name = f"shard-{len(self.shards):05d}"
+        for pos, array in enumerate(ARRAYS):
+            stacked = np.stack([row[pos] for row in self._rows]).astype(DTYPES[array], copy=False)
+            final = self.folder / f"{name}.{array}.npy"
+            tmp = self.folder / f".{name}.{array}.tmp.npy"
+            np.save(tmp, stacked)
+            os.replace(tmp, final)
+        lines = "".join(json.dumps(m, sort_keys=True, ensure_ascii=False) + "\n" for m in self._meta)
+        atomic_write_text(self.folder / f"{name}.meta.jsonl", lines)
+        self.shards.append({"name": name, "start": self.count, "count": len(self._rows)})
+        self.count += len(self._rows)
+        self._rows, self._meta = [], []
+
+    def close(self) -> dict:
+        self.flush()
+        index = {"count": self.count, "seq_len": self.seq_len, "pad_id": self.pad_id, "shards": self.shards}
+        atomic_write_json(self.folder / INDEX, index)
+        return index
+
+
+def publish(staging: Path, root: Path, manifest: dict) -> Path:
+    """Write the manifest last, then move the folder into place: a half-built snapshot is never visible."""
+    snapshot_id = manifest["snapshot_id"]
+    manifest = {**manifest, "complete": True, "format_version": FORMAT_VERSION}
+    atomic_write_json(staging / MANIFEST, manifest)
+    final = root / snapshot_id
+    if is_complete(final):
+        shutil.rmtree(staging, ignore_errors=True)  # same id, same content: a rebuild changes nothing
+        return final
+    shutil.rmtree(final, ignore_errors=True)  # a leftover without a complete manifest is garbage
+    os.replace(staging, final)
+    return final
+
+
+def staging_dir(root: Path) -> Path:
+    path = root / f".staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    path.mkdir(parents=True)
+    return path
+
+
+def write_snapshot(
+    splits: Mapping[str, Sequence[Any]],
+    *,
+    seq_len: int,
+    root: Path | None = None,
+    pad_id: int = 0,
+    tokenizer: Mapping[str, str] | None = None,
+    config_hash: str = "direct",
+    extra: Mapping[str, Any] | None = None,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+) -> Path:
+    """Write a complete snapshot straight from token sequences; returns its folder.
+
+    `splits` maps "train" / "validation" to samples, each a list of token ids, a pair
+    `(input_ids, loss_mask)`, or a dict with `input_ids` and optional `loss_mask`, `id`, `domain`.
+    Without a loss mask every token is trained on. The id follows the same rule as a pipeline build.
+    """
+    from mlops.paths import snapshots_dir
+
+    root = root or snapshots_dir()
+    unknown = set(splits) - set(SPLITS)
+    if unknown:
+        raise MLOpsError(f"unknown split(s) {sorted(unknown)}; splits are {list(SPLITS)}.")
+    staging = staging_dir(root)
+    try:
+        counts = {}
+        for split in SPLITS:
+            writer = ShardWriter(staging / split, seq_len, pad_id, shard_size)
+            for i, sample in enumerate(splits.get(split, [])):
+                ids, mask, meta = _as_sample(sample, f"{split}-{i}")
+                writer.add(ids, mask, meta)
+            counts[split] = writer.close()["count"]
+        tok = dict(tokenizer or {"name": "direct", "vocab_hash": "none", "chat_template_hash": "none"})
+        tok_hash = tok.get("hash") or hashlib.sha256(json.dumps(tok, sort_keys=True).encode()).hexdigest()
+        files = hash_files(staging)
+        manifest = {
+            "snapshot_id": snapshot_id_for(files, tok_hash, config_hash),
+            "name": "direct",
+            "seq_len": seq_len,
+            "pad_id": pad_id,
+            "tokenizer": {**tok, "hash": tok_hash},
+            "config_hash": config_hash,
+            "files": files,
+            "counts": {"samples": counts},
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **dict(extra or {}),
+        }
+        return publish(staging, root, manifest)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _as_sample(sample: Any, default_id: str) -> tuple[list[int], list[int] | None, dict]:
+    if isinstance(sample, Mapping):
+        meta = {"id": str(sample.get("id", default_id)), "domain": sample.get("domain", "general")}
+        return list(sample["input_ids"]), sample.get("loss_mask"), meta
+    if isinstance(sample, tuple) and len(sample) == 2:
+        return list(sample[0]), list(sample[1]), {"id": default_id, "domain": "general"}
+    return list(sample), None, {"id": default_id, "domain": "general"}
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_manifest(folder: Path) -> dict | None:
+    """The manifest of a complete snapshot folder, else None."""
+    path = folder / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or not manifest.get("complete") or manifest.get("snapshot_id") != folder.name:
+        return None
+    return manifest
+
+
+def is_complete(folder: Path) -> bool:
+    return folder.is_dir() and read_manifest(folder) is not None
+
+
+class SnapshotReader:
+    """Random access to one split of a snapshot; shards are memory-mapped on first use."""
+
+    def __init__(self, snapshot_dir: Path | str, split: str = "train") -> None:
+        self.folder = Path(snapshot_dir)
+        manifest = read_manifest(self.folder)
+        if manifest is None:
+            raise MLOpsError(
+                f"'{self.folder}' is not a complete snapshot (no valid manifest.json). "
+                "Fix: pass a folder from `mlops data build`, or resolve an id with resolve_snapshot()."
+            )
+        if split not in SPLITS:
+            raise MLOpsError(f"unknown split '{split}'. Fix: use one of {list(SPLITS)}.")
+        self.manifest = manifest
+        self.split = split
+        index = json.loads((self.folder / split / INDEX).read_text())
+        self.seq_len: int = int(index["seq_len"])
+        self.pad_id: int = int(index.get("pad_id", 0))
+        self._shards = index["shards"]
+        self._starts = [s["start"] for s in self._shards]
+        self._count = int(index["count"])
+        self._arrays: dict[int, dict[str, np.ndarray]] = {}
+        self._ids: dict[int, list[str]] = {}
+        self._perm: tuple[int, int, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _shard(self, pos: int) -> dict[str, np.ndarray]:
+        if pos not in self._arrays:
+            name = self._shards[pos]["name"]
+            self._arrays[pos] = {
+                a: np.load(self.folder / self.split / f"{name}.{a}.npy", mmap_mode="r") for a in ARRAYS
+            }
+        return self._arrays[pos]
+
+    def _meta_ids(self, pos: int) -> list[str]:
+        if pos not in self._ids:
+            path = self.folder / self.split / f"{self._shards[pos]['name']}.meta.jsonl"
+            self._ids[pos] = [json.loads(line)["id"] for line in path.read_text(encoding="utf-8").splitlines()]
+        return self._ids[pos]
+
+    def locate(self, index: int) -> tuple[int, int]:
+        if not 0 <= index < self._count:
+            raise IndexError(f"sample {index} is out of range for split '{self.split}' of {self._count} samples")
+        pos = bisect.bisect_right(self._starts, index) - 1
+        return pos, index - self._starts[pos]
+
+    def get(self, index: int) -> Sample:
+        pos, row = self.locate(index)
+        arrays = self._shard(pos)
+        return Sample(
+            input_ids=np.array(arrays["input_ids"][row]),
+            attention_mask=np.array(arrays["attention_mask"][row]),
+            loss_mask=np.array(arrays["loss_mask"][row]),
+            sample_id=self._meta_ids(pos)[row],
+        )
+
+    __getitem__ = get
+
+    def meta(self, index: int) -> dict:
+        pos, row = self.locate(index)
+        path = self.folder / self.split / f"{self._shards[pos]['name']}.meta.jsonl"
+        with path.open(encoding="utf-8") as fh:
+            for i, line in enumerate(fh):
+                if i == row:
+                    return json.loads(line)
+        raise IndexError(index)
+
+    def permutation(self, seed: int, epoch: int) -> np.ndarray:
+        if self._perm is None or self._perm[:2] != (seed, epoch):
+            rng = np.random.default_rng([seed, epoch])
+            self._perm = (seed, epoch, rng.permutation(self._count))
+        return self._perm[2]
+
+    def global_order(self, seed: int, start: int = 0) -> Iterator[tuple[int, int]]:
+        """(global_index, sample_index) forever; the same seed gives the same order from any start."""
+        if self._count == 0:
+            raise MLOpsError(f"split '{self.split}' of {self.folder.name} is empty; there is nothing to read.")
+        if start < 0:
+            raise ValueError(f"start must be >= 0, got {start}")
+        g = start
+        while True:
+            perm = self.permutation(seed, g // self._count)
+            yield g, int(perm[g % self._count])
+            g += 1
