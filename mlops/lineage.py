@@ -45,6 +45,17 @@ class Tag(StrEnum):
     SOURCE_RUN = "mlops.source_run_id"
     SUITE_VERSION = "mlops.suite_version"
     PROFILE_HASH = "mlops.deployment_profile_hash"
+    PROFILE = "mlops.deployment_profile"
+    MODEL_KEY = "mlops.model_key"
+    MODEL_REF = "mlops.model_ref"
+    EVAL_RUN = "mlops.eval_run_id"
+    EVAL_FORCED_PROFILE = "mlops.eval_forced_profile"
+    GATE_EVAL = "gate.eval"
+    GATE_REASONS = "gate.eval.reasons"
+    GATE_RUN = "gate.eval.run_id"
+    CONTAMINATION_STATUS = "contamination.status"
+    CONTAMINATION_COUNT = "contamination.count"
+    CONTAMINATION_ITEMS = "contamination.items"
 
 
 def code_version() -> str:
