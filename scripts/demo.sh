@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The main job end to end on embedded defaults (SQLite tracking, local artifacts under .mlops/).
+# Every stage hands off through MLflow run ids, tags and registry aliases; nothing scrapes printed output.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export MLFLOW_TRACKING_URI="${MLFLOW_TRACKING_URI:-sqlite:///$PWD/.mlops/mlflow.db}"
+mkdir -p .mlops
+
+step() { printf '\n=== %s\n' "$*"; }
+
+step "1. base models (converted once; later runs are no-ops)"
+mlops base-model import smollm2
+mlops base-model import tiny
+mlops base-model list
+
+step "2. smoke: greedy chat generation on SmolLM2 through mlflow run"
+mlflow run mlproject -e smoke --env-manager local --experiment-name demo -P base_model=smollm2
+
+step "done"
+cat <<TXT
+Everything is in the embedded store. Look at it with:
+  .venv/bin/mlflow ui --backend-store-uri $MLFLOW_TRACKING_URI
+TXT
