@@ -21,6 +21,8 @@ base_model_app = typer.Typer(help="Import and list base models.", no_args_is_hel
 config_app = typer.Typer(help="Show the resolved config and its hash.", no_args_is_help=True)
 app.add_typer(base_model_app, name="base-model")
 app.add_typer(config_app, name="config")
+tracking_app = typer.Typer(help="Prepare and inspect the tracking store.", no_args_is_help=True)
+app.add_typer(tracking_app, name="tracking")
 
 ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config file")
 OverridesArg = typer.Argument(None, help="key=value overrides, e.g. train.lr=1e-4", show_default=False)
@@ -72,6 +74,18 @@ def config_show(config: Path | None = ConfigOpt, overrides: list[str] | None = O
     cfg = load(config, overrides)
     typer.echo(resolved_yaml(cfg))
     typer.echo(f"# config hash: {config_hash(cfg)}")
+
+
+@tracking_app.command("init")
+def tracking_init(experiment: str = typer.Option("mlops", help="experiment to create if missing")) -> None:
+    """Check the tracking store and create an experiment whose artifacts live under .mlops/ (embedded default).
+
+    Run it before `mlflow run --experiment-name NAME`, which would otherwise put artifacts in ./mlruns.
+    """
+    from mlops.tracking import init_experiment
+
+    uri, experiment_id = init_experiment(experiment)
+    typer.echo(f"tracking URI: {uri}\nexperiment:   {experiment} (id {experiment_id})")
 
 
 @app.command()

@@ -100,6 +100,13 @@ def ensure_experiment(client, name: str, uri: str) -> str:
         return experiment.experiment_id
 
 
+def init_experiment(name: str) -> tuple[str, str]:
+    """(tracking URI, experiment id) after checking the store and creating the experiment if missing."""
+    uri = tracking_uri()
+    check_tracking_uri(uri)
+    return uri, ensure_experiment(_client(uri), name, uri)
+
+
 class MlflowTracker:
     """A run in MLflow. Metrics are sent asynchronously in batches so logging never stalls a step."""
 

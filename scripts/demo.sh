@@ -8,6 +8,8 @@ mkdir -p .mlops
 
 step() { printf '\n=== %s\n' "$*"; }
 
+mlops tracking init --experiment demo
+
 step "1. base models (converted once; later runs are no-ops)"
 mlops base-model import smollm2
 mlops base-model import tiny

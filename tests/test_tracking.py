@@ -129,3 +129,12 @@ def test_postgres_tracking_server_round_trip(postgres_url, tmp_path, monkeypatch
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_tracking_init_puts_experiment_artifacts_under_project_home(mlops_home):
+    from mlops.tracking import init_experiment
+
+    uri, experiment_id = init_experiment("demo")
+    location = client().get_experiment(experiment_id).artifact_location
+    assert uri == default_tracking_uri() and location == (mlops_home / ".mlops" / "artifacts").as_uri()
+    assert init_experiment("demo") == (uri, experiment_id)
