@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import yaml
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from mlops.config import StrictModel, canonical_json
-from mlops.errors import ConfigError
+from mlops.errors import ConfigError, MLOpsError
 
 PROFILE_FILE = "deployment_profile.yaml"
 SCHEMA_VERSION = 1
@@ -35,12 +36,32 @@ class DeploymentProfile(StrictModel):
     max_context: int = Field(2048, ge=16, description="tokens of prompt plus completion")
     stop: list[str] = Field(default_factory=list, description="stop strings, at most 4")
 
+    @field_validator("stop")
+    @classmethod
+    def _at_most_four(cls, value: list[str]) -> list[str]:
+        if len(value) > 4 or any(not s for s in value):
+            raise ValueError("stop holds at most 4 non-empty strings (the OpenAI API limit)")
+        return value
+
     def profile_hash(self) -> str:
         return hashlib.sha256(canonical_json(self).encode()).hexdigest()[:16]
 
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=True)
+
     def save(self, folder: Path) -> Path:
         path = Path(folder) / PROFILE_FILE
-        path.write_text(yaml.safe_dump(self.model_dump(mode="json"), sort_keys=True))
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(self.to_yaml())
+        os.replace(tmp, path)
+        return path
+
+    def save_as(self, path: Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(self.to_yaml())
+        os.replace(tmp, path)
         return path
 
 
@@ -74,7 +95,66 @@ def load_profile(model_dir: Path) -> DeploymentProfile:
     path = Path(model_dir) / PROFILE_FILE
     if not path.exists():
         return default_profile(model_dir)
+    return read_profile(path)
+
+
+def read_profile(path: Path) -> DeploymentProfile:
+    """A profile from a YAML file (a model folder's own, or one proposed for an eval)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"deployment profile file '{path}' does not exist. Fix: pass the path of a profile YAML.")
     try:
         return DeploymentProfile.model_validate(yaml.safe_load(path.read_text()))
     except Exception as err:
         raise ConfigError(f"deployment profile {path} is invalid: {err}. Fix: correct or delete that file.") from None
+
+
+class ProfileMismatchError(MLOpsError):
+    """An eval would judge the model under a profile other than the one being released."""
+
+
+def profile_differences(released: DeploymentProfile, used: DeploymentProfile) -> list[str]:
+    """Human-readable field differences between two profiles (empty when they are the same)."""
+    a, b = released.model_dump(mode="json"), used.model_dump(mode="json")
+    diffs = []
+    for key in sorted(set(a) | set(b)):
+        if isinstance(a.get(key), dict) and isinstance(b.get(key), dict):
+            diffs += [
+                f"{key}.{k}: {a[key].get(k)!r} -> {b[key].get(k)!r}"
+                for k in sorted(set(a[key]) | set(b[key]))
+                if a[key].get(k) != b[key].get(k)
+            ]
+        elif a.get(key) != b.get(key):
+            diffs.append(f"{key}: {a.get(key)!r} -> {b.get(key)!r}")
+    return diffs
+
+
+def choose_eval_profile(
+    released: DeploymentProfile, proposed: DeploymentProfile | None, *, force: bool
+) -> tuple[DeploymentProfile, list[str]]:
+    """The profile to evaluate under and its differences from the released one.
+
+    Evaluating under another profile than the released one is refused unless forced; the caller labels a
+    forced run with the returned differences.
+    """
+    if proposed is None:
+        return released, []
+    diffs = profile_differences(released, proposed)
+    if diffs and not force:
+        raise ProfileMismatchError(
+            f"the eval profile differs from the deployment profile released with this model "
+            f"({'; '.join(diffs)}). A model is judged the way it is served. Fix: drop --profile, store the new "
+            "profile with a new model version, or pass --force-profile to run anyway (the run is labelled forced)."
+        )
+    return proposed, diffs
+
+
+def check_template(profile: DeploymentProfile, model_dir: Path) -> str | None:
+    """None when the folder's chat template matches the profile's hash, else the reason it does not."""
+    actual = chat_template_hash(template_of(model_dir))
+    if actual != profile.chat_template_hash:
+        return (
+            f"the tokenizer's chat template hash {actual[:12]} differs from the profile's "
+            f"{profile.chat_template_hash[:12]}"
+        )
+    return None

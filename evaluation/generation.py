@@ -1,0 +1,268 @@
+"""The scoring and generation core behind the server: one worker thread owns the model.
+
+Requests from any thread are queued as jobs; the worker runs them in order, so the model is never touched
+concurrently. Scoring jobs (echo + logprobs, what lm-eval's loglikelihood sends) that are waiting together
+are run as one right-padded batch; generation runs one request at a time with a KV cache and streams
+tokens through a callback.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("mlops.serve")
+
+
+@dataclass
+class Scored:
+    """Echo result for one prompt: a logprob per prompt token (first is None) plus one greedy next token."""
+
+    tokens: list[int]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[int, float] | None]
+
+
+@dataclass
+class GenParams:
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    logprobs: int | None = None
+
+
+@dataclass
+class Generated:
+    text: str
+    tokens: list[int]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[int, float]]
+    finish_reason: str  # "stop" or "length"
+
+
+@dataclass
+class _Job:
+    kind: str  # "score" or "generate"
+    future: Future
+    prompts: list[list[int]] | None = None
+    top_k: int = 1
+    ids: list[int] | None = None
+    params: GenParams | None = None
+    on_text: Callable[[str], None] | None = None
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+class Engine:
+    """A causal LM loaded once, served by a single worker thread."""
+
+    def __init__(self, model_dir: Path | str, *, max_batch_tokens: int = 4096) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.model_dir = Path(model_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        self.model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32).eval()
+        self.max_batch_tokens = max_batch_tokens
+        self.eos_ids = _eos_ids(self.tokenizer, self.model)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.batches: list[int] = []  # sizes of scoring batches run (for tests and metrics)
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._worker = threading.Thread(target=self._run, name="engine-worker", daemon=True)
+        self._worker.start()
+
+    # ------------------------------------------------------------------ public API (any thread)
+
+    def score(self, prompts: list[list[int]], top_k: int = 1) -> Future:
+        """Future of list[Scored], one per prompt, in order."""
+        job = _Job("score", Future(), prompts=prompts, top_k=max(1, top_k))
+        self._jobs.put(job)
+        return job.future
+
+    def generate(self, ids: list[int], params: GenParams, on_text: Callable[[str], None] | None = None) -> _Job:
+        """Queue a generation; the returned job's future yields `Generated`, `on_text` gets text deltas."""
+        job = _Job("generate", Future(), ids=ids, params=params, on_text=on_text)
+        self._jobs.put(job)
+        return job
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._worker.join(timeout=10)
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    # ------------------------------------------------------------------ worker
+
+    def _run(self) -> None:
+        import torch
+
+        torch.set_grad_enabled(False)
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            batch = [job]
+            if job.kind == "score":
+                batch += self._drain_scores(sum(len(p) for p in job.prompts))
+            try:
+                if job.kind == "score":
+                    self._score_batch(batch)
+                else:
+                    job.future.set_result(self._generate(job))
+            except Exception as err:  # noqa: BLE001 - the error belongs to the request, not the worker
+                log.exception("engine job failed")
+                for item in batch:
+                    if not item.future.done():
+                        item.future.set_exception(err)
+
+    def _drain_scores(self, tokens: int) -> list[_Job]:
+        """Other scoring jobs already waiting, up to the token budget; a generation job stops the drain."""
+        taken: list[_Job] = []
+        while True:
+            try:
+                nxt = self._jobs.queue[0]
+            except IndexError:
+                return taken
+            if nxt is None or nxt.kind != "score":
+                return taken
+            size = sum(len(p) for p in nxt.prompts)
+            if tokens + size > self.max_batch_tokens:
+                return taken
+            taken.append(self._jobs.get())
+            tokens += size
+
+    def _score_batch(self, jobs: list[_Job]) -> None:
+        prompts = [p for job in jobs for p in job.prompts]
+        top_k = max(job.top_k for job in jobs)
+        # Sort by length so padding stays small; chunk by the token budget (logits are [batch, len, vocab]).
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        scored: dict[int, Scored] = {}
+        chunk: list[int] = []
+        for i in order:
+            longest = len(prompts[chunk[0]]) if chunk else len(prompts[i])
+            if chunk and longest * (len(chunk) + 1) > self.max_batch_tokens:
+                scored.update(zip(chunk, self._forward_score([prompts[j] for j in chunk], top_k), strict=True))
+                chunk = []
+            chunk.append(i)
+        if chunk:
+            scored.update(zip(chunk, self._forward_score([prompts[j] for j in chunk], top_k), strict=True))
+        self.batches.append(len(prompts))
+        results = [scored[i] for i in range(len(prompts))]
+        start = 0
+        for job in jobs:
+            n = len(job.prompts)
+            job.future.set_result(results[start : start + n])
+            start += n
+
+    def _forward_score(self, prompts: list[list[int]], top_k: int) -> list[Scored]:
+        import torch
+
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, : len(prompt)] = 1
+        logits = self.model(input_ids=ids, attention_mask=mask).logits
+        out = []
+        for row, prompt in enumerate(prompts):
+            n = len(prompt)
+            logprobs = torch.log_softmax(logits[row, :n].float(), dim=-1)  # [n, vocab]; row t predicts t+1
+            target = torch.tensor(prompt[1:], dtype=torch.long)
+            token_lps = logprobs[:-1].gather(1, target.unsqueeze(1)).squeeze(1).tolist()
+            top_vals, top_ids = logprobs.topk(top_k, dim=-1)
+            tops = [dict(zip(i.tolist(), v.tolist(), strict=True)) for i, v in zip(top_ids, top_vals, strict=True)]
+            next_id = int(top_ids[-1, 0])
+            out.append(
+                Scored(
+                    tokens=[*prompt, next_id],
+                    token_logprobs=[None, *token_lps, float(top_vals[-1, 0])],
+                    top_logprobs=[None, *tops],
+                )
+            )
+        return out
+
+    def _generate(self, job: _Job) -> Generated:
+        import torch
+
+        params = job.params
+        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        inputs = torch.tensor([job.ids], dtype=torch.long)
+        past = None
+        tokens: list[int] = []
+        lps: list[float] = []
+        tops: list[dict[int, float]] = []
+        emitted = 0
+        finish = "length"
+        holdback = max((len(s) for s in params.stop), default=1) - 1
+        text = ""
+        for _ in range(params.max_tokens):
+            if job.cancelled.is_set():
+                finish = "cancelled"
+                break
+            out = self.model(input_ids=inputs, cache=past, use_cache=True)
+            past = out.cache
+            logits = out.logits[0, -1].float()
+            token = _pick(logits, params, generator)
+            logprobs = torch.log_softmax(logits, dim=-1)
+            if params.logprobs:
+                vals, idx = logprobs.topk(params.logprobs)
+                tops.append(dict(zip(idx.tolist(), vals.tolist(), strict=True)))
+            if token in self.eos_ids:
+                finish = "stop"
+                break
+            tokens.append(token)
+            lps.append(float(logprobs[token]))
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            cut = _first_stop(text, params.stop)
+            if cut is not None:
+                text, finish = text[:cut], "stop"
+                break
+            # Hold back what could still become a stop string or half of a multi-byte character.
+            safe = len(text) - holdback
+            if text.endswith("\ufffd"):
+                safe = min(safe, len(text) - 1)
+            if job.on_text and safe > emitted:
+                job.on_text(text[emitted:safe])
+                emitted = safe
+            inputs = torch.tensor([[token]], dtype=torch.long)
+        if job.on_text and len(text) > emitted:
+            job.on_text(text[emitted:])
+        return Generated(text, tokens, lps, tops[: len(tokens)], finish)
+
+
+def _pick(logits, params: GenParams, generator) -> int:
+    import torch
+
+    if params.temperature <= 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, sorted_ids = probs.sort(descending=True)
+        keep = sorted_probs.cumsum(0) - sorted_probs < params.top_p  # always keeps the top token
+        probs = torch.zeros_like(probs).scatter(0, sorted_ids[keep], sorted_probs[keep])
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _first_stop(text: str, stops: list[str]) -> int | None:
+    hits = [text.find(s) for s in stops if s and s in text]
+    return min(hits) if hits else None
+
+
+def _eos_ids(tokenizer, model) -> set[int]:
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured:
+        ids.update(int(i) for i in configured)
+    return ids
