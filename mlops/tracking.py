@@ -191,8 +191,9 @@ class MlflowTracker:
         dataset = Dataset(name=name, digest=digest[:36], source_type="local", source=json.dumps({"uri": source}))
         self.client.log_inputs(self.run_id, [DatasetInput(dataset, [InputTag("mlflow.data.context", context)])])
 
-    def log_hf_model(self, hf_dir: Path | str, name: str = "model") -> str:
-        """Log an HF folder as a pyfunc model of this run; returns its `runs:/` URI."""
+    def log_hf_model(self, hf_dir: Path | str, name: str = "model", metadata: Mapping[str, Any] | None = None) -> str:
+        """Log an HF folder as a pyfunc model of this run; returns its `runs:/` URI. `metadata` (e.g. the
+        lineage tags) is stored in the model's MLmodel file."""
         import mlflow
 
         from mlops.hf_pyfunc import HF_ARTIFACT, HFChatModel
@@ -207,6 +208,7 @@ class MlflowTracker:
             python_model=HFChatModel(),
             artifacts={HF_ARTIFACT: str(hf_dir)},
             pip_requirements=["mlops-llm", "torch==2.13.0", "transformers"],
+            metadata=dict(metadata) if metadata else None,
         )
         return f"runs:/{self.run_id}/{name}"
 
@@ -281,8 +283,10 @@ class MemoryTracker:
     def log_input(self, name, digest, source, context="training"):
         self.artifacts[f"input:{name}"] = {"digest": digest, "source": source, "context": context}
 
-    def log_hf_model(self, hf_dir, name="model"):
+    def log_hf_model(self, hf_dir, name="model", metadata=None):
         self.artifacts[name] = Path(hf_dir)
+        if metadata:
+            self.artifacts[f"{name}:metadata"] = dict(metadata)
         return f"memory:/{self.run_id}/{name}"
 
     def flush(self):
