@@ -2,19 +2,118 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from mlops.config import StrictModel, volatile
 
 
 class SourceConfig(StrictModel):
-    path: str = Field(description="JSONL, Parquet or CSV file")
-    domain: str | None = Field(None, description="capability domain for every record of this source")
+    path: str = Field(description="JSONL, Parquet or CSV file (relative paths are under the project home)")
+    domain: str | None = Field(None, description="capability domain for records that name none")
+    format: Literal["auto", "jsonl", "parquet", "csv"] = Field("auto", description="file format; auto = by suffix")
+
+
+class PIIConfig(StrictModel):
+    enabled: bool = Field(True, description="replace PII with typed placeholders such as [EMAIL]")
+    types: list[str] = Field(
+        default_factory=lambda: ["email", "credit_card", "national_id", "ip_address", "phone"],
+        description="PII detectors to run, in order (see mlops.data.pii.DETECTORS)",
+    )
+
+
+class FilterConfig(StrictModel):
+    steps: list[str] = Field(
+        default_factory=lambda: [
+            "empty_assistant",
+            "length",
+            "url_ratio",
+            "symbol_ratio",
+            "repeated_ngrams",
+            "mixed_language",
+        ],
+        description="registered quality filters to run, in order (see mlops.data.filters.FILTERS)",
+    )
+    min_chars: int = Field(16, ge=0, description="shortest record text in characters")
+    max_chars: int = Field(4000, ge=1, description="longest record text in characters")
+    max_url_ratio: float = Field(0.3, ge=0, le=1, description="largest share of characters inside URLs")
+    max_symbol_ratio: float = Field(0.2, ge=0, le=1, description="largest share of non-space chars that are symbols")
+    repeated_ngram: int = Field(3, ge=1, description="word n-gram size for the repetition filter")
+    max_repeated_ngram_ratio: float = Field(0.3, ge=0, le=1, description="largest share of repeated word n-grams")
+    max_mixed_language_ratio: float = Field(
+        0.2, ge=0, le=1, description="largest share of letters outside the record's dominant script"
+    )
+
+
+class DedupConfig(StrictModel):
+    exact: bool = Field(True, description="drop records whose normalised text was already seen")
+    near: bool = Field(True, description="drop near duplicates found with MinHash LSH")
+    threshold: float = Field(0.7, gt=0, lt=1, description="estimated Jaccard similarity that makes a near duplicate")
+    num_perm: int = Field(128, ge=16, le=1024, description="MinHash permutations")
+    shingle: int = Field(3, ge=1, description="word n-gram size of the MinHash shingles")
+    against_snapshots: list[str] = Field(
+        default_factory=list, description="earlier snapshot ids whose records count as already seen"
+    )
+
+
+class DecontamConfig(StrictModel):
+    eval_sets: list[str] = Field(
+        default_factory=list, description="JSONL eval files or globs; training records sharing an n-gram are dropped"
+    )
+    ngram: int = Field(13, ge=4, description="word n-gram length that counts as a leak")
+    min_words: int = Field(8, ge=1, description="eval items shorter than `ngram` words match whole if this long")
+
+
+class HistoryConfig(StrictModel):
+    snapshot: str = Field(description="snapshot id whose train samples are mixed into this one")
+    ratio: float = Field(0.3, gt=0, lt=1, description="share of history samples in the train split (7:3 -> 0.3)")
+
+
+class MixConfig(StrictModel):
+    ratios: dict[str, float] = Field(
+        default_factory=dict, description="target share per capability domain; empty keeps the natural mix"
+    )
+    tolerance: float = Field(0.05, ge=0, le=1, description="allowed |batch share - target| per domain in the gate")
+    history: HistoryConfig | None = Field(None, description="incremental mode: mix with a historical snapshot")
+
+    @model_validator(mode="after")
+    def _positive(self) -> MixConfig:
+        bad = {k: v for k, v in self.ratios.items() if v < 0}
+        if bad:
+            raise ValueError(f"domain ratios must be >= 0, got {bad}")
+        if self.ratios and sum(self.ratios.values()) <= 0:
+            raise ValueError("domain ratios must not all be 0")
+        return self
+
+
+class GateConfig(StrictModel):
+    suite: str = Field("snapshot_batch", description="registered expectation suite (see `mlops data suites`)")
+    on_batch_failure: Literal["fail", "quarantine"] = Field(
+        "fail", description="a failing batch stops the build (fail) or is set aside whole (quarantine)"
+    )
+    min_tokens: int = Field(8, ge=1, description="fewest tokens in a tokenized record")
+    max_dup_ratio: float = Field(0.01, ge=0, le=1, description="largest share of duplicate texts in a batch")
+    min_loss_share: float = Field(0.05, ge=0, le=1, description="smallest mean share of assistant (loss) tokens")
 
 
 class DataConfig(StrictModel):
     name: str = Field("snapshot", description="human-readable snapshot name")
     sources: list[SourceConfig] = Field(default_factory=list, description="input files")
+    default_domain: str = Field("general", description="domain for records whose record and source name none")
+    on_bad_record: Literal["fail", "skip"] = Field(
+        "fail", description="a malformed record stops the build (fail) or is reported and quarantined (skip)"
+    )
     batch_size: int = Field(256, ge=1, description="records per Great Expectations gated batch")
     seq_len: int = Field(512, ge=16, description="tokens per packed training sequence")
+    pack: bool = Field(False, description="pack several records into one sequence instead of one per sequence")
+    validation_fraction: float = Field(0.05, ge=0, lt=1, description="share of records held out by record id")
+    shard_size: int = Field(4096, ge=1, description="samples per memory-mapped shard")
+    pii: PIIConfig = Field(default_factory=PIIConfig)
+    filters: FilterConfig = Field(default_factory=FilterConfig)
+    dedup: DedupConfig = Field(default_factory=DedupConfig)
+    decontam: DecontamConfig = Field(default_factory=DecontamConfig)
+    mix: MixConfig = Field(default_factory=MixConfig)
+    gate: GateConfig = Field(default_factory=GateConfig)
+    workers: int = volatile(2, ge=1, description="processes for MinHash and tokenization (never changes results)")
     output_dir: str | None = volatile(None, description="where snapshots are written (default .mlops/snapshots)")

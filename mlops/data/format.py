@@ -98,8 +98,10 @@ def content_hash(files: Mapping[str, str]) -> str:
 
 
 def snapshot_id_for(files: Mapping[str, str], tokenizer_hash: str, config_hash: str) -> str:
-    """The id: content hash of the shards, the tokenizer hash and the pipeline config hash."""
-    blob = f"{content_hash(files)}|{tokenizer_hash}|{config_hash}"
+    """The id: content hash of the shards (the split folders), the tokenizer hash and the pipeline config
+    hash. Reports and quarantine files are verified but not part of the id."""
+    shards = {k: v for k, v in files.items() if k.split("/", 1)[0] in SPLITS}
+    blob = f"{content_hash(shards)}|{tokenizer_hash}|{config_hash}"
     return "snap-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -159,6 +161,41 @@ class ShardWriter:
         index = {"count": self.count, "seq_len": self.seq_len, "pad_id": self.pad_id, "shards": self.shards}
         atomic_write_json(self.folder / INDEX, index)
         return index
+
+
+class Packer:
+    """Greedy packing: consecutive samples share a sequence while they fit; none is split."""
+
+    def __init__(self, writer: ShardWriter) -> None:
+        self.writer = writer
+        self._ids: list[np.ndarray] = []
+        self._masks: list[np.ndarray] = []
+        self._metas: list[Mapping[str, Any]] = []
+        self._len = 0
+
+    def add(self, input_ids: np.ndarray, loss_mask: np.ndarray, meta: Mapping[str, Any]) -> None:
+        if self._len + len(input_ids) > self.writer.seq_len:
+            self.flush()
+        self._ids.append(np.asarray(input_ids))
+        self._masks.append(np.asarray(loss_mask))
+        self._metas.append(meta)
+        self._len += len(input_ids)
+
+    def flush(self) -> None:
+        if not self._ids:
+            return
+        records = [r for m in self._metas for r in m.get("records", [m.get("id")])]
+        weights: dict[str, int] = {}
+        for m, ids in zip(self._metas, self._ids, strict=True):
+            weights[m.get("domain", "")] = weights.get(m.get("domain", ""), 0) + len(ids)
+        meta = {
+            "id": "p-" + hashlib.sha256("|".join(records).encode()).hexdigest()[:16],
+            "domain": max(sorted(weights), key=lambda d: weights[d]),
+            "source": self._metas[0].get("source", ""),
+            "records": records,
+        }
+        self.writer.add(np.concatenate(self._ids), np.concatenate(self._masks), meta)
+        self._ids, self._masks, self._metas, self._len = [], [], [], 0
 
 
 def publish(staging: Path, root: Path, manifest: dict) -> Path:
@@ -330,6 +367,12 @@ class SnapshotReader:
                 if i == row:
                     return json.loads(line)
         raise IndexError(index)
+
+    def iter_meta(self) -> Iterator[dict]:
+        """Every sample's metadata in index order, read shard by shard."""
+        for shard in self._shards:
+            with (self.folder / self.split / f"{shard['name']}.meta.jsonl").open(encoding="utf-8") as fh:
+                yield from (json.loads(line) for line in fh)
 
     def permutation(self, seed: int, epoch: int) -> np.ndarray:
         if self._perm is None or self._perm[:2] != (seed, epoch):

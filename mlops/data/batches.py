@@ -1,0 +1,175 @@
+"""One gated batch at a time: build the GE frame, validate, then write the batch's samples to the split
+shards or quarantine the whole batch with its GE report. Also copies history samples (incremental mode)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mlops.data.format import SPLITS, Packer, ShardWriter, SnapshotReader, atomic_write_json
+from mlops.data.gate import Gate, share_deviation
+from mlops.data.inputs import Inputs
+from mlops.data.mixing import history_take
+from mlops.errors import ConfigError, MLOpsError
+
+
+class GateError(MLOpsError):
+    """A batch failed its expectation suite and the policy is to fail."""
+
+
+def split_of(record_id: str, seed: int, fraction: float) -> str:
+    """Held out by record id: the same record lands in the same split in every build with this seed."""
+    digest = hashlib.sha256(f"{seed}:{record_id}".encode()).digest()
+    return "validation" if int.from_bytes(digest[:8], "little") / 2**64 < fraction else "train"
+
+
+def _stats() -> Counter:
+    return Counter()
+
+
+class BatchWriter:
+    def __init__(self, inputs: Inputs, staging: Path, gate: Gate, targets: dict[str, float]) -> None:
+        data = inputs.data
+        self.inputs = inputs
+        self.data = data
+        self.staging = staging
+        self.gate = gate
+        self.targets = targets
+        pad_id = inputs.tokenizer["pad_id"]
+        self.writers = {s: ShardWriter(staging / s, data.seq_len, pad_id, data.shard_size) for s in SPLITS}
+        self.packers = {s: Packer(w) for s, w in self.writers.items()} if data.pack else {}
+        self.batches: list[dict] = []
+        self.kept_exact: list[int] = []
+        self.kept_sigs: list[np.ndarray] = []
+        # split -> domain|source -> Counter(records, tokens, loss_tokens)
+        self.by_domain: dict[str, dict[str, Counter]] = {s: defaultdict(_stats) for s in SPLITS}
+        self.by_source: dict[str, dict[str, Counter]] = {s: defaultdict(_stats) for s in SPLITS}
+        self.history: dict[str, Any] | None = None
+        self.indexes: dict[str, dict] = {}
+
+    def frame(self, rows: list[dict], tokens: list[tuple[np.ndarray, np.ndarray]]):
+        import pandas as pd
+
+        domains = [row["record"].domain for row in rows]
+        return pd.DataFrame({
+            "record_id": [row["record"].record_id for row in rows],
+            "source": [row["record"].source for row in rows],
+            "line": [row["record"].line for row in rows],
+            "domain": domains,
+            "kind": [row["record"].kind for row in rows],
+            "text": [row["record"].text for row in rows],
+            "text_chars": [len(row["record"].text) for row in rows],
+            "text_hash": [f"{row['exact']:016x}" for row in rows],
+            "n_tokens": [len(ids) for ids, _ in tokens],
+            "loss_tokens": [int(mask.sum()) for _, mask in tokens],
+            "loss_share": [float(mask.mean()) if len(mask) else 0.0 for _, mask in tokens],
+            "domain_share_dev": share_deviation(domains, self.targets),
+        })
+
+    def gate_and_write(self, number: int, rows: list[dict], tokens: list) -> None:
+        frame = self.frame(rows, tokens)
+        result = self.gate.validate(frame)
+        entry = {"batch": number, "records": len(rows), "suite": self.gate.spec.key,
+                 "domains": dict(sorted(Counter(frame["domain"]).items())),
+                 "status": "passed" if result.success else "quarantined"}
+        if result.success:
+            self.write(rows, tokens)
+            self.batches.append(entry)
+            return
+        entry["failed"] = result.failed
+        folder = self.quarantine(number, rows, frame, result.report)
+        entry["report"] = folder.relative_to(self.staging).as_posix() + "/validation.json"
+        self.batches.append(entry)
+        if self.data.gate.on_batch_failure == "fail":
+            keep = self.inputs.root / ".failed" / f"{self.inputs.key}-batch-{number:05d}"
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            if keep.exists():
+                import shutil
+
+                shutil.rmtree(keep)
+            os.replace(folder, keep)
+            reasons = "; ".join(
+                f"{f['expectation']}" + (f" on '{f['column']}'" if f.get("column") else "")
+                + (f" ({f['unexpected_count']} unexpected, e.g. {f['examples'][:1]})" if f.get("unexpected_count")
+                   else f" (observed {f.get('observed_value')})")
+                for f in result.failed
+            )
+            raise GateError(
+                f"batch {number} ({len(rows)} records, first {rows[0]['record'].source} line "
+                f"{rows[0]['record'].line}) failed expectation suite {self.gate.spec.key}: {reasons}. "
+                f"The GE report and the batch are in {keep}. Fix: correct those records at their source, or set "
+                "data.gate.on_batch_failure=quarantine to build without this batch."
+            )
+
+    def quarantine(self, number: int, rows: list[dict], frame, report: dict) -> Path:
+        folder = self.staging / "quarantine" / "batches" / f"batch-{number:05d}"
+        folder.mkdir(parents=True)
+        with (folder / "records.jsonl").open("w", encoding="utf-8") as fh:
+            for row, values in zip(rows, frame.drop(columns=["text"]).to_dict("records"), strict=True):
+                fh.write(json.dumps({**values, "messages": row["record"].messages}, ensure_ascii=False,
+                                    sort_keys=True, default=str) + "\n")
+        atomic_write_json(folder / "validation.json", report)
+        return folder
+
+    def write(self, rows: list[dict], tokens: list) -> None:
+        for row, (ids, mask) in zip(rows, tokens, strict=True):
+            record = row["record"]
+            split = split_of(record.record_id, self.inputs.seed, self.data.validation_fraction)
+            meta = {"id": record.record_id, "domain": record.domain, "source": record.source,
+                    "records": [record.record_id]}
+            if self.packers:
+                self.packers[split].add(ids, mask, meta)
+            else:
+                self.writers[split].add(ids, mask, meta)
+            for table, key in ((self.by_domain, record.domain), (self.by_source, record.source)):
+                table[split][key].update(records=1, tokens=len(ids), loss_tokens=int(mask.sum()))
+            self.kept_exact.append(row["exact"])
+            if row["sig"] is not None:
+                self.kept_sigs.append(row["sig"])
+
+    def add_history(self) -> None:
+        """Incremental mode: mix in train samples of the named snapshot at the configured ratio."""
+        if self.inputs.history is None:
+            return
+        for packer in self.packers.values():
+            packer.flush()
+        sid, path = self.inputs.history
+        reader = SnapshotReader(path, "train")
+        theirs = reader.manifest.get("tokenizer", {}).get("hash")
+        if reader.seq_len != self.data.seq_len or theirs != self.inputs.tokenizer["hash"]:
+            raise ConfigError(
+                f"history snapshot {sid} has seq_len={reader.seq_len} and tokenizer {str(theirs)[:12]}; this "
+                f"build uses seq_len={self.data.seq_len} and tokenizer {self.inputs.tokenizer['hash'][:12]}. "
+                "Fix: mix only snapshots built with the same base model tokenizer and data.seq_len."
+            )
+        new_train = self.writers["train"].count + len(self.writers["train"]._rows)
+        ratio = self.data.mix.history.ratio
+        take = history_take(new_train, ratio, len(reader))
+        rng = np.random.default_rng([self.inputs.seed, 7])
+        chosen = set(rng.choice(len(reader), size=take, replace=False).tolist()) if take else set()
+        domains: Counter[str] = Counter()
+        for index, meta in enumerate(reader.iter_meta()):
+            if index not in chosen:
+                continue
+            sample = reader.get(index)
+            n = int(sample.attention_mask.sum())
+            self.writers["train"].add(sample.input_ids[:n], sample.loss_mask[:n],
+                                      {**meta, "source": f"snapshot:{sid}", "history": True})
+            domains[meta.get("domain", "")] += 1
+            self.by_source["train"][f"snapshot:{sid}"].update(
+                records=len(meta.get("records", [1])), tokens=n, loss_tokens=int(sample.loss_mask.sum()))
+        total = new_train + take
+        self.history = {"snapshot": sid, "target_ratio": ratio, "available": len(reader), "samples": take,
+                        "new_samples": new_train, "achieved_ratio": take / total if total else 0.0,
+                        "domains": dict(sorted(domains.items()))}
+
+    def close(self) -> None:
+        for packer in self.packers.values():
+            packer.flush()
+        self.indexes = {s: w.close() for s, w in self.writers.items()}

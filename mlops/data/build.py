@@ -1,0 +1,215 @@
+"""`mlops data build`: sources -> records -> clean -> mix -> tokenized, gated batches -> shards + manifest.
+
+Streaming throughout: records flow through in chunks, cleaned records are spilled per domain to disk,
+batches are tokenized in worker processes and shards are flushed as they fill. Everything is written in a
+staging folder that becomes `.mlops/snapshots/<id>/` only after its manifest is written (format.publish).
+The id is a content hash, and a build whose inputs and config were built before returns at once.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlops.data import clean, tokenize
+from mlops.data.batches import BatchWriter, GateError
+from mlops.data.dedup import ExactIndex, NearIndex, load_prior, save_index
+from mlops.data.format import hash_files, publish, read_manifest, snapshot_id_for, staging_dir
+from mlops.data.gate import SUITES, Gate, GateParams
+from mlops.data.inputs import Inputs, cached_snapshot, prepare, remember_build
+from mlops.data.manifest import assemble_manifest, log_build
+from mlops.data.mixing import domain_rng, interleave, plan_mix, select
+from mlops.data.parallel import OrderedPool, chunked
+from mlops.data.records import BadInputError, Issue, Record, read_source
+
+CLEAN_CHUNK = 128
+ISSUE_CODES = {"not UTF-8": "not_utf8", "malformed JSON": "malformed_json", "unknown record shape": "unknown_shape",
+               "missing field": "missing_field", "the source is empty": "empty_source"}
+
+__all__ = ["BuildResult", "GateError", "build_snapshot"]
+
+
+@dataclass
+class BuildResult:
+    snapshot_id: str
+    path: Path
+    manifest: dict
+    noop: bool
+
+
+def _init_workers(cfg_json: str, eval_index, model_path: str) -> None:
+    clean.init_worker(cfg_json, eval_index)
+    tokenize.init_worker(model_path)
+
+
+def _tokenize_rows(rows: list[dict]) -> list:
+    return tokenize.tokenize_chunk([row["record"] for row in rows])
+
+
+def issue_code(issue: Issue) -> str:
+    return next((code for prefix, code in ISSUE_CODES.items() if issue.problem.startswith(prefix)), "invalid_field")
+
+
+class Build:
+    def __init__(self, inputs: Inputs, staging: Path) -> None:
+        self.inputs = inputs
+        self.data = inputs.data
+        self.staging = staging
+        self.work = staging / ".work"
+        self.work.mkdir(parents=True)
+        (staging / "quarantine").mkdir()
+        (staging / "reports").mkdir()
+        self.counters: Counter[str] = Counter()
+        self.issues: list[dict] = []
+        self.per_source = {s["name"]: Counter() for s in inputs.sources}
+
+    # ----------------------------------------------------------------- reading
+
+    def records(self, bad_file) -> Any:
+        for src in self.inputs.sources:
+            stats = self.per_source[src["name"]]
+            for item in read_source(src["path"], src["name"], src["format"], src["domain"], src["sha256"]):
+                if isinstance(item, Record):
+                    stats["records"] += 1
+                    yield item
+                    continue
+                code = issue_code(item)
+                if self.data.on_bad_record == "fail":
+                    raise BadInputError(item.message() + " (data.on_bad_record=fail; set it to skip to "
+                                        "quarantine bad rows and go on)")
+                stats["issues"] += 1
+                self.counters[f"bad_input.{code}"] += 1
+                entry = {**item.as_dict(), "code": code}
+                self.issues.append(entry)
+                bad_file.write(json.dumps(entry, ensure_ascii=False) + "\n")
+
+    # ----------------------------------------------------------------- stage A: clean
+
+    def clean(self, pool: OrderedPool) -> tuple[clean.Cleaner, dict[str, int], dict[str, Path]]:
+        dedup = self.data.dedup
+        exact = ExactIndex()
+        near = NearIndex(dedup.threshold, dedup.num_perm) if dedup.near else None
+        params = self.dedup_params()
+        for sid, path in self.inputs.priors:
+            self.counters[f"dedup.prior_records.{sid}"] = load_prior(path, sid, params, exact, near)
+        counts: Counter[str] = Counter()
+        spills: dict[str, Any] = {}
+        paths: dict[str, Path] = {}
+        with (self.staging / "quarantine" / "records.jsonl").open("w", encoding="utf-8") as quarantine, \
+                (self.staging / "quarantine" / "bad_input.jsonl").open("w", encoding="utf-8") as bad:
+            cleaner = clean.Cleaner(self.data, quarantine, exact, near)
+            results = pool.map(clean.clean_chunk, chunked(self.records(bad), CLEAN_CHUNK))
+            try:
+                for item in cleaner.consume(results):
+                    domain = item.record.domain
+                    if domain not in spills:
+                        paths[domain] = self.work / f"clean-{len(paths):03d}.jsonl"
+                        spills[domain] = paths[domain].open("w", encoding="utf-8")
+                    spills[domain].write(clean.spill_line(item))
+                    counts[domain] += 1
+            finally:
+                for fh in spills.values():
+                    fh.close()
+        self.counters.update(cleaner.counters)
+        with (self.staging / "reports" / "decontam.jsonl").open("w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(h, ensure_ascii=False, sort_keys=True) + "\n" for h in cleaner.decontam_hits)
+        return cleaner, dict(counts), paths
+
+    def dedup_params(self) -> dict:
+        d = self.data.dedup
+        return {"num_perm": d.num_perm, "shingle": d.shingle, "threshold": d.threshold, "scheme": "affine32"}
+
+    # ----------------------------------------------------------------- stage B + C: mix, tokenize, gate, write
+
+    def batches(self, pool: OrderedPool, plan, paths: dict[str, Path], writer: BatchWriter) -> None:
+        streams = {
+            d: select(clean.read_spill(paths[d]), plan.available[d], n, domain_rng(self.inputs.seed, d))
+            for d, n in plan.take.items() if n > 0
+        }
+        mixed = (row for _, row in interleave(streams, plan.take))
+        for number, (rows, tokens) in enumerate(pool.map_pairs(_tokenize_rows, chunked(mixed, self.data.batch_size))):
+            writer.gate_and_write(number, rows, tokens)
+
+    def run(self) -> dict:
+        inputs, data = self.inputs, self.data
+        cfg_json = data.model_dump_json()
+        eval_index = self.eval_index()
+        tokenize.preload(inputs.model["path"])
+        started = time.time()
+        with OrderedPool(data.workers, _init_workers, (cfg_json, eval_index, inputs.model["path"])) as pool:
+            cleaner, available, paths = self.clean(pool)
+            plan = plan_mix(available, data.mix.ratios)
+            self.counters.update({f"mix.dropped_domain.{d}": n for d, n in plan.dropped_domains.items()})
+            self.counters.update({f"mix.not_selected.{d}": available[d] - plan.take.get(d, 0)
+                                  for d in available if d in plan.take})
+            writer = BatchWriter(inputs, self.staging, self.gate(plan.targets), plan.targets)
+            self.batches(pool, plan, paths, writer)
+        writer.add_history()
+        writer.close()
+        save_index(self.staging, writer.kept_exact + self.prior_exact(), writer.kept_sigs + self.prior_sigs(),
+                   self.dedup_params())
+        shutil.rmtree(self.work)
+        return assemble_manifest(self, cleaner, plan, writer, eval_index, time.time() - started)
+
+    def gate(self, targets: dict[str, float]) -> Gate:
+        data = self.data
+        params = GateParams(
+            min_chars=data.filters.min_chars, max_chars=data.filters.max_chars, min_tokens=data.gate.min_tokens,
+            max_tokens=data.seq_len, max_dup_ratio=data.gate.max_dup_ratio, min_loss_share=data.gate.min_loss_share,
+            tolerance=data.mix.tolerance, domains=sorted(targets) if data.mix.ratios else [],
+        )
+        return Gate(data.gate.suite, params)
+
+    def eval_index(self):
+        from mlops.data.decontam import EvalIndex
+
+        index = EvalIndex(self.data.decontam.ngram, self.data.decontam.min_words)
+        for entry in self.inputs.eval_files:
+            entry["items"] = index.add_file(entry["path"], entry["name"])
+        return index
+
+    def prior_exact(self) -> list[int]:
+        import numpy as np
+
+        if self.inputs.history is None:
+            return []
+        return np.load(self.inputs.history[1] / "dedup" / "exact.npy").tolist()
+
+    def prior_sigs(self) -> list:
+        import numpy as np
+
+        if self.inputs.history is None or not self.data.dedup.near:
+            return []
+        return list(np.load(self.inputs.history[1] / "dedup" / "minhash.npy"))
+
+
+def build_snapshot(cfg: Any, tracker: Any = None, *, force: bool = False) -> BuildResult:
+    """Build (or find) the snapshot for `cfg`; logs to `tracker` when given (MemoryTracker in tests)."""
+    inputs = prepare(cfg)
+    SUITES.get(inputs.data.gate.suite)  # an unknown suite fails before any work
+    cached = None if force else cached_snapshot(inputs)
+    if cached is not None:
+        manifest = read_manifest(cached)
+        result = BuildResult(cached.name, cached, manifest, noop=True)
+    else:
+        inputs.root.mkdir(parents=True, exist_ok=True)
+        staging = staging_dir(inputs.root)
+        try:
+            manifest = Build(inputs, staging).run()
+            files = hash_files(staging)
+            manifest["files"] = files
+            manifest["snapshot_id"] = snapshot_id_for(files, inputs.tokenizer["hash"], inputs.pipeline_hash)
+            path = publish(staging, inputs.root, manifest)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        remember_build(inputs, path.name)
+        result = BuildResult(path.name, path, read_manifest(path), noop=False)
+    if tracker is not None:
+        log_build(tracker, result)
+    return result

@@ -1,0 +1,146 @@
+"""Cleaning: PII scrub, quality filters and decontamination per record (in worker processes), then exact
+and near dedup in record order (in the main process, which owns the indexes).
+
+Every rejection becomes a counter `<stage>.<reason>` and a quarantine line with the record and its reason.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+
+from mlops.data.config import DataConfig
+from mlops.data.decontam import EvalIndex
+from mlops.data.dedup import ExactIndex, NearIndex, exact_hash, signature
+from mlops.data.filters import run_filters
+from mlops.data.pii import Scrubber
+from mlops.data.records import Record
+
+_STATE: dict = {}
+
+
+@dataclass
+class Cleaned:
+    record: Record
+    stage: str = ""  # "" = kept so far; else filter | decontam | dedup
+    reason: str = ""
+    detail: dict = field(default_factory=dict)
+    exact: int = 0
+    sig: np.ndarray | None = None
+
+
+def init_worker(cfg_json: str, eval_index: EvalIndex) -> None:
+    cfg = DataConfig.model_validate_json(cfg_json)
+    _STATE.update(cfg=cfg, index=eval_index, scrubber=Scrubber(cfg.pii.types if cfg.pii.enabled else []))
+
+
+def clean_chunk(records: list[Record]) -> tuple[list[Cleaned], dict[str, int]]:
+    """Stateless steps for a chunk of records; returns the results and the PII counts of this chunk."""
+    cfg: DataConfig = _STATE["cfg"]
+    scrubber: Scrubber = _STATE["scrubber"]
+    index: EvalIndex = _STATE["index"]
+    scrubber.counts.clear()
+    out = []
+    for record in records:
+        for message in record.messages:
+            message["content"] = scrubber.scrub(message["content"])
+        text = record.text
+        ok, reason = run_filters(record, cfg.filters)
+        if not ok:
+            out.append(Cleaned(record, "filter", reason))
+            continue
+        hit = index.find(text)
+        if hit is not None:
+            ref, gram = hit
+            out.append(Cleaned(record, "decontam", "eval_overlap", {**ref, "ngram": gram}))
+            continue
+        sig = signature(text, cfg.dedup.num_perm, cfg.dedup.shingle) if cfg.dedup.near else None
+        out.append(Cleaned(record, exact=exact_hash(text), sig=sig))
+    return out, dict(scrubber.counts)
+
+
+def encode_sig(sig: np.ndarray | None) -> str | None:
+    return None if sig is None else base64.b64encode(sig.astype("<u4").tobytes()).decode()
+
+
+def decode_sig(text: str | None) -> np.ndarray | None:
+    return None if text is None else np.frombuffer(base64.b64decode(text), dtype="<u4").copy()
+
+
+class Cleaner:
+    """Owns the dedup indexes and the quarantine file; consumes worker results in record order."""
+
+    def __init__(self, cfg: DataConfig, quarantine: IO[str], exact: ExactIndex, near: NearIndex | None) -> None:
+        self.cfg = cfg
+        self.quarantine = quarantine
+        self.exact = exact
+        self.near = near
+        self.counters: Counter[str] = Counter()
+        self.pii: Counter[str] = Counter()
+        self.decontam_hits: list[dict] = []
+
+    def reject(self, item: Cleaned) -> None:
+        self.counters[f"{item.stage}.{item.reason}"] += 1
+        r = item.record
+        entry = {"stage": item.stage, "reason": item.reason, "record_id": r.record_id, "source": r.source,
+                 "line": r.line, "domain": r.domain, "kind": r.kind, "messages": r.messages, **item.detail}
+        self.quarantine.write(json.dumps(entry, ensure_ascii=False, sort_keys=True) + "\n")
+        if item.stage == "decontam":
+            self.decontam_hits.append({k: entry[k] for k in ("record_id", "source", "line", "eval_file",
+                                                              "eval_line", "eval_id", "ngram")})
+
+    def dedup(self, item: Cleaned) -> Cleaned:
+        key = item.record.record_id
+        if self.cfg.dedup.exact:
+            earlier = self.exact.check_add(item.exact, key)
+            if earlier is not None:
+                prior = "#" in earlier
+                item.stage, item.reason = "dedup", "exact_of_snapshot" if prior else "exact"
+                item.detail = {"duplicate_of": earlier}
+                return item
+        else:
+            self.exact.check_add(item.exact, key)
+        if self.near is not None and item.sig is not None:
+            earlier = self.near.check_add(item.sig, key)
+            if earlier is not None:
+                prior = "#" in earlier
+                item.stage, item.reason = "dedup", "near_of_snapshot" if prior else "near"
+                item.detail = {"duplicate_of": earlier}
+        return item
+
+    def consume(self, results: Iterable[tuple[list[Cleaned], dict[str, int]]]) -> Iterator[Cleaned]:
+        for chunk, pii in results:
+            self.pii.update(pii)
+            for item in chunk:
+                self.counters["cleaning.seen"] += 1
+                if not item.stage:
+                    item = self.dedup(item)
+                if item.stage:
+                    self.reject(item)
+                    continue
+                self.counters["cleaning.kept"] += 1
+                yield item
+
+
+def spill_line(item: Cleaned) -> str:
+    r = item.record
+    return json.dumps({"record_id": r.record_id, "source": r.source, "line": r.line, "domain": r.domain,
+                       "kind": r.kind, "messages": r.messages, "exact": item.exact, "sig": encode_sig(item.sig)},
+                      ensure_ascii=False, sort_keys=True) + "\n"
+
+
+def read_spill(path: Path) -> Iterator[dict]:
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            row = json.loads(line)
+            row["record"] = Record(row.pop("record_id"), row.pop("source"), row.pop("line"), row.pop("domain"),
+                                   row.pop("kind"), row.pop("messages"))
+            row["sig"] = decode_sig(row["sig"])
+            yield row

@@ -1,0 +1,145 @@
+"""The Great Expectations gate: every batch is validated with a registered, versioned suite before it may
+enter the snapshot.
+
+A batch is a pandas frame with one row per tokenized record (`COLUMNS`). Batch-level facts that GE checks
+per row are broadcast into columns: `domain_share_dev` is how far the record's domain share in this batch
+is from its target beyond the rounding a batch of n records cannot avoid (1/n), clipped at 0.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlops.data.pii import GATE_PATTERNS
+from mlops.plugins import Registry
+
+COLUMNS = [
+    "record_id", "source", "line", "domain", "kind", "text", "text_chars", "text_hash",
+    "n_tokens", "loss_tokens", "loss_share", "domain_share_dev",
+]
+
+
+@dataclass(frozen=True)
+class GateParams:
+    min_chars: int
+    max_chars: int
+    min_tokens: int
+    max_tokens: int
+    max_dup_ratio: float
+    min_loss_share: float
+    tolerance: float
+    domains: list[str] = field(default_factory=list)  # empty: any domain
+
+
+@dataclass(frozen=True)
+class SuiteSpec:
+    name: str
+    version: int
+    description: str
+    build: Callable[[GateParams], list[Any]]
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}@v{self.version}"
+
+
+SUITES: Registry[SuiteSpec] = Registry("expectation suite")
+
+
+def _snapshot_batch_v1(p: GateParams) -> list[Any]:
+    import great_expectations as gx
+
+    E = gx.expectations
+    out = [
+        E.ExpectTableRowCountToBeBetween(min_value=1),
+        E.ExpectTableColumnsToMatchSet(column_set=COLUMNS, exact_match=True),
+        *[E.ExpectColumnValuesToNotBeNull(column=c) for c in ("record_id", "source", "domain", "kind", "text")],
+        E.ExpectColumnValuesToBeInSet(column="kind", value_set=["chat", "instruction", "text"]),
+        E.ExpectColumnValuesToBeUnique(column="record_id"),
+        E.ExpectColumnValuesToBeBetween(column="text_chars", min_value=p.min_chars, max_value=p.max_chars),
+        E.ExpectColumnValuesToNotMatchRegexList(column="text", regex_list=list(GATE_PATTERNS.values())),
+        E.ExpectColumnProportionOfUniqueValuesToBeBetween(column="text_hash", min_value=1 - p.max_dup_ratio),
+        E.ExpectColumnValuesToBeBetween(column="domain_share_dev", min_value=0, max_value=p.tolerance),
+        E.ExpectColumnValuesToBeBetween(column="n_tokens", min_value=p.min_tokens, max_value=p.max_tokens),
+        E.ExpectColumnValuesToBeBetween(column="loss_tokens", min_value=1),
+        E.ExpectColumnMeanToBeBetween(column="loss_share", min_value=p.min_loss_share, max_value=1),
+    ]
+    if p.domains:
+        out.append(E.ExpectColumnValuesToBeInSet(column="domain", value_set=sorted(p.domains)))
+    return out
+
+
+SUITES.add("snapshot_batch", SuiteSpec(
+    "snapshot_batch", 1,
+    "schema and non-null fields, unique ids, length and token bounds, no PII left, duplicate ratio, "
+    "domain shares within tolerance, non-zero assistant (loss) tokens",
+    _snapshot_batch_v1,
+))
+
+
+@dataclass
+class GateResult:
+    success: bool
+    failed: list[dict]
+    report: dict
+    evaluated: int
+
+
+def _failure(res: Any) -> dict:
+    config = res.expectation_config
+    result = res.result or {}
+    partial = result.get("partial_unexpected_list") or []
+    out = {
+        "expectation": config.type,
+        "column": config.kwargs.get("column"),
+        "unexpected_count": result.get("unexpected_count"),
+        "observed_value": result.get("observed_value"),
+        "examples": [str(v)[:120] for v in partial[:3]],
+    }
+    if res.exception_info and res.exception_info.get("raised_exception"):
+        out["exception"] = str(res.exception_info.get("exception_message"))[:300]
+    return {k: v for k, v in out.items() if v not in (None, [])}
+
+
+class Gate:
+    """One GE context, suite and validation definition per build; `validate(frame)` per batch."""
+
+    def __init__(self, suite_name: str, params: GateParams) -> None:
+        import great_expectations as gx
+
+        logging.getLogger("great_expectations").setLevel(logging.ERROR)
+        self.spec = SUITES.get(suite_name)
+        context = gx.get_context(mode="ephemeral")
+        try:
+            from great_expectations.data_context.types.base import ProgressBarsConfig
+
+            context.variables.progress_bars = ProgressBarsConfig(globally=False)
+        except Exception:  # noqa: BLE001 - progress bars are cosmetic
+            pass
+        asset = context.data_sources.add_pandas("mlops_data").add_dataframe_asset(name="batch")
+        batch_definition = asset.add_batch_definition_whole_dataframe("whole_batch")
+        suite = context.suites.add(gx.ExpectationSuite(name=self.spec.key))
+        for expectation in self.spec.build(params):
+            suite.add_expectation(expectation)
+        self.expectations = len(suite.expectations)
+        self.definition = context.validation_definitions.add(
+            gx.ValidationDefinition(name=f"{self.spec.key}-batch", data=batch_definition, suite=suite)
+        )
+
+    def validate(self, frame) -> GateResult:
+        result = self.definition.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY")
+        failed = [_failure(r) for r in result.results if not r.success]
+        return GateResult(bool(result.success), failed, result.to_json_dict(), len(result.results))
+
+
+def share_deviation(domains: list[str], targets: dict[str, float]) -> list[float]:
+    """Per row: |share of its domain in this batch - target| beyond the 1/n rounding allowance."""
+    n = len(domains)
+    counts: dict[str, int] = {}
+    for d in domains:
+        counts[d] = counts.get(d, 0) + 1
+    dev = {d: max(0.0, abs(c / n - targets.get(d, 0.0)) - 1 / n) for d, c in counts.items()}
+    return [round(dev[d], 6) for d in domains]

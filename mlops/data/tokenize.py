@@ -1,0 +1,121 @@
+"""Offline tokenization with the base model's tokenizer and chat template, and assistant-only loss masks.
+
+A chat is rendered once with the chat template; each assistant turn's character span is found by
+rendering the prefix before it (with the generation prompt) and the prefix through it, so the mask is
+right for any prefix-stable template. Tokens whose first character lies in a span are trained on.
+Plain-text records are trained on every token and end with EOS.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from mlops.data.records import Record
+from mlops.errors import MLOpsError
+
+_STATE: dict = {}
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def tokenizer_info(model_path: str | Path, name: str = "", model_id: str = "") -> dict:
+    """Name, vocab hash, chat template hash and ids of a tokenizer folder, read without transformers."""
+    from tokenizers import Tokenizer
+
+    folder = Path(model_path)
+    tk = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    vocab = sorted(tk.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+    config = json.loads((folder / "tokenizer_config.json").read_text()) if (folder / "tokenizer_config.json").exists() else {}
+    template_file = folder / "chat_template.jinja"
+    template = template_file.read_text() if template_file.exists() else config.get("chat_template") or ""
+    vocab_hash = _sha(json.dumps(vocab, ensure_ascii=False))
+    template_hash = _sha(template)
+    tokenizer_json_hash = hashlib.sha256((folder / "tokenizer.json").read_bytes()).hexdigest()
+
+    def token_id(key: str) -> int | None:
+        token = config.get(key)
+        token = token.get("content") if isinstance(token, dict) else token
+        return tk.token_to_id(token) if token else None
+
+    eos_id = token_id("eos_token")
+    pad_id = token_id("pad_token")
+    return {
+        "name": name or folder.name,
+        "base_model_id": model_id,
+        "vocab_size": len(vocab),
+        "vocab_hash": vocab_hash,
+        "chat_template_hash": template_hash,
+        "tokenizer_json_hash": tokenizer_json_hash,
+        "hash": _sha(f"{vocab_hash}|{template_hash}|{tokenizer_json_hash}"),
+        "eos_id": eos_id,
+        "pad_id": pad_id if pad_id is not None else (eos_id or 0),
+    }
+
+
+class ChatTokenizer:
+    def __init__(self, model_path: str | Path) -> None:
+        from transformers import AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(str(model_path))
+        if not self.tok.chat_template:
+            raise MLOpsError(
+                f"the tokenizer at {model_path} has no chat template, so chat records cannot be rendered. "
+                "Fix: use a base model with a chat template (tiny or smollm2)."
+            )
+
+    def _render(self, messages: list[dict], generation: bool = False) -> str:
+        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+
+    def spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+        full = self._render(messages)
+        spans = []
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            before = self._render(messages[:i], generation=True) if i else self._render([], generation=True)
+            through = self._render(messages[: i + 1])
+            if not through.startswith(before) or not full.startswith(through):
+                raise MLOpsError(
+                    "the chat template is not prefix-stable (rendering a conversation prefix does not yield a "
+                    "prefix of the whole), so assistant tokens cannot be located. Fix: use a ChatML-style "
+                    "template such as the one of the tiny or smollm2 base models."
+                )
+            spans.append((len(before), len(through)))
+        return full, spans
+
+    def encode(self, record: Record) -> tuple[np.ndarray, np.ndarray]:
+        """(input_ids int32, loss_mask uint8) for one record."""
+        if record.kind == "text":
+            ids = self.tok(record.text, add_special_tokens=False)["input_ids"]
+            if self.tok.eos_token_id is not None:
+                ids = [*ids, self.tok.eos_token_id]
+            return np.asarray(ids, dtype=np.int32), np.ones(len(ids), dtype=np.uint8)
+        text, spans = self.spans(record.messages)
+        enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = np.asarray(enc["input_ids"], dtype=np.int32)
+        starts = np.asarray([start for start, _ in enc["offset_mapping"]], dtype=np.int64)
+        mask = np.zeros(len(ids), dtype=np.uint8)
+        for lo, hi in spans:
+            mask[(starts >= lo) & (starts < hi)] = 1
+        return ids, mask
+
+
+def init_worker(model_path: str) -> None:
+    if _STATE.get("path") != model_path:
+        _STATE.update(path=model_path, tok=ChatTokenizer(model_path))
+
+
+def preload(model_path: str) -> None:
+    """Load in the parent before forking, so workers share it instead of loading it again."""
+    init_worker(model_path)
+
+
+def tokenize_chunk(records: list[Record]) -> list[tuple[np.ndarray, np.ndarray]]:
+    tok: ChatTokenizer = _STATE["tok"]
+    return [tok.encode(r) for r in records]
