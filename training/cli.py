@@ -1,7 +1,105 @@
-"""CLI wrapper for this stage."""
+"""`mlops train ...`: run (one or several processes), worker (internal), drill, checkpoints."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import typer
 
-app = typer.Typer(help="(stage under construction)", no_args_is_help=True)
+from mlops.cli import ConfigOpt, OverridesArg, load
+from mlops.errors import ConfigError
+
+app = typer.Typer(help="DeepSpeed training on a data snapshot: run, kill drill, checkpoints.", no_args_is_help=True)
+
+
+def _nproc(value: str) -> int:
+    """MLflow passes float parameters as '2.0'."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigError(f"--nproc '{value}' is not a number. Fix: pass a whole number such as --nproc 2.") from None
+    if number != int(number) or number < 1:
+        raise ConfigError(f"--nproc {value} is not a whole number >= 1. Fix: pass e.g. --nproc 2.")
+    return int(number)
+
+
+def _flag(value: str, name: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off", ""):
+        return False
+    raise ConfigError(f"--{name} '{value}' is not true or false. Fix: pass --{name} true or --{name} false.")
+
+
+@app.command("run")
+def run(
+    config: Path | None = ConfigOpt,
+    nproc: str = typer.Option("1", help="processes on this node (torchrun / deepspeed launcher when > 1)"),
+    smoke: str = typer.Option("false", help="true: a few dozen steps that must lower the loss at a set speed"),
+    overrides: list[str] | None = OverridesArg,
+) -> None:
+    """Train the configured base model on a snapshot; resumes from the newest verified checkpoint."""
+    from training.launch import run_training
+
+    cfg = load(config, overrides)
+    result = run_training(cfg, nproc=_nproc(nproc), smoke=_flag(smoke, "smoke"))
+    metrics = result.get("metrics", {})
+    summary = ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, int | float))
+    typer.echo(f"run {result['run_id']}: {result['status']} after {result['steps']} steps ({summary})")
+    if result.get("model_uri"):
+        typer.echo(f"model: {result['model_uri']} (HF folder {result['model_dir']})")
+    if result.get("reason"):
+        typer.echo(f"note: {result['reason']}")
+
+
+@app.command("worker", hidden=True)
+def worker_cmd(spec: Path = typer.Option(..., help="spec written by `mlops train run`")) -> None:
+    """One rank of a multi-process run (started by the launcher)."""
+    from training.launch import worker
+
+    worker(spec)
+
+
+@app.command("drill")
+def drill(
+    config: Path | None = ConfigOpt,
+    nproc: str = typer.Option("1", help="processes per training run"),
+    seed: int | None = typer.Option(None, help="seed for the kill step (default: random)"),
+    steps: int = typer.Option(12, min=4, help="optimizer steps of each drill run"),
+    overrides: list[str] | None = OverridesArg,
+) -> None:
+    """Kill a short training with SIGKILL at a random step, resume it, compare with an uninterrupted run."""
+    from training.drill import run_drill
+
+    report = run_drill(config, overrides or [], nproc=_nproc(nproc), seed=seed, steps=steps)
+    typer.echo(report.summary())
+    if not report.passed:
+        raise typer.Exit(1)
+
+
+@app.command("checkpoints")
+def checkpoints(
+    config: Path | None = ConfigOpt,
+    directory: Path | None = typer.Option(None, "--dir", help="checkpoint folder (default: the config's)"),
+    overrides: list[str] | None = OverridesArg,
+) -> None:
+    """List checkpoints with their step, completeness and hash verification."""
+    from training.checkpoint import list_tags, read_manifest, verify
+
+    if directory is None:
+        from mlops.config import config_hash
+        from training.data_loader import resolve_snapshot_id
+        from training.prepare import default_ckpt_dir
+
+        cfg = load(config, overrides)
+        cfg.train.snapshot = resolve_snapshot_id(cfg.train.snapshot)
+        directory = Path(cfg.train.checkpoint.dir) if cfg.train.checkpoint.dir else default_ckpt_dir(config_hash(cfg))
+    rows = []
+    for step, folder in list_tags(directory):
+        ok, reason = verify(folder)
+        manifest = read_manifest(folder) or {}
+        rows.append({"step": step, "path": str(folder), "ok": ok, "reason": reason,
+                     "run_id": manifest.get("run_id"), "world_size": manifest.get("world_size")})
+    typer.echo(json.dumps(rows, indent=2) if rows else f"no checkpoints under {directory}")

@@ -1,12 +1,13 @@
-"""The `train:` and `sweep:` config sections. Owned by training."""
+"""The `train:` and `sweep:` config sections. `train:` is owned by training; `sweep:` by the sweep stage."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from mlops.config import StrictModel, volatile
+from mlops.errors import ConfigError
 
 
 class LoraSection(StrictModel):
@@ -16,27 +17,95 @@ class LoraSection(StrictModel):
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
 
 
+class CheckpointSection(StrictModel):
+    dir: str | None = volatile(None, description="checkpoint folder (default .mlops/checkpoints/<config hash>)")
+    every_seconds: float | None = volatile(None, gt=0, description="also save when this much wall time passed")
+    keep_last: int = volatile(2, ge=1, description="keep the newest K complete checkpoints")
+    keep_every: int | None = volatile(None, ge=1, description="also keep every checkpoint whose step is a multiple")
+    resume: str = volatile("auto", description="auto (newest verified checkpoint), never, or a checkpoint folder")
+    universal: bool = volatile(
+        False, description="allow resuming at another world size through DeepSpeed's universal checkpoint"
+    )
+
+
+class GuardSection(StrictModel):
+    spike_factor: float | None = Field(
+        None, gt=1.0, description="stop when the grad norm exceeds this many times its running median"
+    )
+    spike_window: int = Field(50, ge=3, description="steps in the running median of the grad norm")
+    spike_warmup: int = Field(10, ge=0, description="steps before the spike rule applies")
+
+
+class SmokeSection(StrictModel):
+    steps: int = Field(30, ge=4, description="optimizer steps of a smoke run")
+    min_loss_drop: float = Field(0.0, ge=0.0, lt=1.0, description="required relative drop of the loss")
+    min_tokens_per_s: float = volatile(0.0, ge=0.0, description="throughput floor of a smoke run")
+
+
+class DeepSpeedSection(StrictModel):
+    backend: Literal["auto", "gloo", "nccl"] = volatile("auto", description="auto: nccl on GPU, gloo on CPU")
+    launcher: Literal["torchrun", "deepspeed"] = volatile("torchrun", description="launcher for nproc > 1")
+    hostfile: str | None = volatile(None, description="DeepSpeed hostfile for several nodes (deepspeed launcher)")
+    master_port: int | None = volatile(None, description="rendezvous port (default: a free one)")
+    extra: dict[str, Any] = Field(default_factory=dict, description="merged into the generated DeepSpeed config")
+
+
+class DebugSection(StrictModel):
+    """Fault injection for tests and drills. Each one changes what a run does, so each is hashed."""
+
+    nan_at_step: int | None = Field(None, ge=1, description="make the loss NaN at this step")
+    spike_at_step: int | None = Field(None, ge=1, description="multiply the loss by 1e4 at this step")
+    crash_after_step: int | None = Field(None, ge=1, description="exit hard after this step (like a kill)")
+    kill_in_save_step: int | None = Field(None, ge=1, description="SIGKILL itself while saving this step")
+
+
 class TrainConfig(StrictModel):
-    snapshot: str | None = Field(None, description="data snapshot id to train on (see `mlops data list`)")
+    snapshot: str | None = Field(None, description="data snapshot id (or `latest`) to train on")
     mode: Literal["lora", "full"] = Field("lora", description="LoRA adapters or full fine-tuning")
     lora: LoraSection = Field(default_factory=LoraSection)
     zero_stage: Literal[0, 1, 2] = Field(0, description="DeepSpeed ZeRO stage")
     lr: float = Field(2e-4, gt=0, description="peak learning rate")
+    lr_schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="decay after warmup")
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="final lr as a fraction of the peak")
     weight_decay: float = Field(0.0, ge=0)
+    adam_betas: tuple[float, float] = Field((0.9, 0.999))
+    adam_eps: float = Field(1e-8, gt=0)
     warmup_steps: int = Field(10, ge=0)
     max_steps: int = Field(100, ge=1)
     micro_batch_size: int = Field(4, ge=1, description="sequences per process per micro step")
     grad_accum: int = Field(1, ge=1, description="micro steps per optimizer step")
-    grad_clip: float = Field(1.0, ge=0)
+    global_batch_size: int | None = Field(
+        None, ge=1, description="sequences per optimizer step; when set, grad_accum follows from the world size"
+    )
+    grad_clip: float = Field(1.0, ge=0, description="clip the global grad norm (0 = off)")
     checkpoint_every: int = volatile(50, ge=1, description="save a checkpoint every N steps")
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     eval_every: int = volatile(50, ge=1, description="validation loss every N steps")
+    eval_samples: int | None = Field(None, ge=1, description="validation samples per evaluation (default all)")
+    guards: GuardSection = Field(default_factory=GuardSection)
+    smoke: SmokeSection = Field(default_factory=SmokeSection)
+    deepspeed: DeepSpeedSection = Field(default_factory=DeepSpeedSection)
+    max_context: int | None = Field(None, ge=16, description="served context (default: the base model's)")
+    final_model: bool = volatile(True, description="consolidate, merge and log the final model")
+    peak_flops: float | None = volatile(None, gt=0, description="peak FLOP/s for MFU (default: measured)")
+    progress: bool = volatile(True, description="show a progress bar on rank 0")
+    debug: DebugSection = Field(default_factory=DebugSection)
+
+    def batch_layout(self, world_size: int) -> tuple[int, int, int]:
+        """(micro_batch_size, grad_accum, global_batch) at a world size; ConfigError when they don't divide."""
+        micro = self.micro_batch_size
+        if self.global_batch_size is None:
+            return micro, self.grad_accum, micro * self.grad_accum * world_size
+        per_step = micro * world_size
+        if self.global_batch_size % per_step:
+            raise ConfigError(
+                f"train.global_batch_size={self.global_batch_size} is not divisible by "
+                f"train.micro_batch_size ({micro}) x world size ({world_size}) = {per_step}. "
+                f"Fix: set train.global_batch_size to a multiple of {per_step}, or change "
+                "train.micro_batch_size or the number of processes."
+            )
+        return micro, self.global_batch_size // per_step, self.global_batch_size
 
 
-class SweepConfig(StrictModel):
-    study: str = Field("sweep", description="Optuna study name")
-    space: str = Field("lora", description="registered search space name")
-    n_trials: int = volatile(8, ge=1)
-    pruner: Literal["median", "hyperband", "none"] = "median"
-    objective: str = Field("val_loss", description="metric to optimise")
-    direction: Literal["minimize", "maximize"] = "minimize"
-    storage: str | None = volatile(None, description="Optuna storage URL (default: SQLite under .mlops)")
+# The `sweep:` section is owned by the sweep stage and lives with it; re-exported here for mlops.config.
+from training.sweep.config import SweepConfig  # noqa: E402, F401

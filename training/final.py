@@ -1,0 +1,142 @@
+"""The end of a run: consolidate the last checkpoint (zero_to_fp32), merge LoRA, save an HF folder with
+tokenizer, chat template and deployment profile, log it as the run's `model`, mark the run FINISHED.
+
+The model is rebuilt from the checkpoint rather than taken from the live engine, so what is released is
+exactly what the checkpoint holds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+from mlops.errors import MLOpsError
+from training.guards import TrainingStopped
+
+
+def consolidated_state(ckpt: Path, zero_stage: int) -> dict:
+    """fp32 weights of a checkpoint: zero_to_fp32 for ZeRO >= 1, the module states for ZeRO-0."""
+    import torch
+
+    if zero_stage >= 1:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        return get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)
+    state = torch.load(ckpt / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    return state["module"]
+
+
+def build_final_model(base_path: str, t, seed: int, ckpt: Path, out: Path, *, max_context: int | None) -> Path:
+    """Write `out` as a complete HF folder (merged weights, tokenizer, chat template, deployment profile)."""
+    from transformers import AutoTokenizer
+
+    from evaluation.profile import default_profile
+    from training.engine import build_model
+
+    model = build_model(base_path, t, seed)
+    state = consolidated_state(ckpt, t.zero_stage)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    lost = sorted(trainable & set(missing))
+    if lost or unexpected:
+        raise MLOpsError(
+            f"checkpoint {ckpt} does not match the model: missing {lost[:5]}, unexpected {list(unexpected)[:5]}. "
+            "Fix: consolidate a checkpoint written by this config (same mode, LoRA settings and base model)."
+        )
+    if t.mode == "lora":
+        model = model.merge_and_unload()
+    model.config.use_cache = True
+    staging = out.with_name(out.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging)
+    AutoTokenizer.from_pretrained(base_path).save_pretrained(staging)
+    context = max_context or int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
+    default_profile(staging, max_context=context).save(staging)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(staging, out)
+    return out
+
+
+def output_root(cfg) -> Path:
+    from mlops.paths import project_home
+
+    root = Path(cfg.run.output_dir).expanduser()
+    return root if root.is_absolute() else project_home() / root
+
+
+def finish(run):
+    """Final model (rank 0), final metrics, FINISHED; every rank returns the same TrainResult."""
+    import torch.distributed as dist
+
+    from evaluation.profile import PROFILE_FILE, load_profile
+    from mlops.lineage import Tag
+    from training.prepare import FINAL
+    from training.trainer import TRACE, TrainResult
+
+    prep, t, tracker = run.prep, run.t, run.tracker
+    ckpt = run.saver.last_complete
+    loss = run.losses[-1] if run.losses else run.last_metrics.get("loss", math.nan)
+    metrics = {"loss": loss, **run.val, "tokens_seen": float(run.tokens_seen), "steps": float(run.step),
+               **trajectory(run.losses, run.step_tokens, run.step_seconds)}
+    if prep.smoke:
+        smoke_verdict(run, metrics)
+    model_dir = model_uri = None
+    if t.final_model and run.rank0:
+        if ckpt is None:
+            raise MLOpsError("no complete checkpoint to build the final model from. Fix: rerun the training.")
+        model_dir = build_final_model(prep.base["path"], t, prep.cfg.run.seed, ckpt,
+                                      output_root(prep.cfg) / tracker.run_id / "hf", max_context=t.max_context)
+        profile = load_profile(model_dir)
+        model_uri = tracker.log_hf_model(model_dir, metadata=prep.lineage.as_tags())
+        tracker.log_artifact(model_dir / PROFILE_FILE, "deployment_profile")
+        tracker.set_tags({Tag.PROFILE_HASH: profile.profile_hash()})
+    dist.barrier()
+    result = TrainResult(tracker.run_id, "FINISHED", run.step, metrics, model_dir, model_uri, ckpt)
+    if run.rank0:
+        tracker.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)}, run.step)
+        if run.trace is not None:
+            run.trace.flush()
+            tracker.log_artifact(prep.ckpt_dir / TRACE, "trace")
+        if t.final_model:
+            (prep.ckpt_dir / FINAL).write_text(json.dumps(result.as_dict(), indent=2))
+        tracker.close("FINISHED")
+    return result
+
+
+def trajectory(losses: list[float], tokens: int, seconds: float, k: int = 5) -> dict:
+    """Mean loss of the first and last k steps of this process's run, and its mean throughput."""
+    if not losses:
+        return {}
+    k = max(1, min(k, len(losses) // 2 or 1))
+    return {"loss_first": sum(losses[:k]) / k, "loss_last": sum(losses[-k:]) / k,
+            "train_tokens_per_s": tokens / seconds if seconds > 0 else 0.0}
+
+
+class SmokeFailed(TrainingStopped):
+    """The smoke run's verdict; the run is FAILED with the reason."""
+
+    exit_code = 4
+
+
+def smoke_verdict(run, metrics: dict) -> None:
+    """A smoke run passes when the loss fell by the configured fraction and throughput met its floor."""
+    from mlops.lineage import Tag
+
+    s = run.t.smoke
+    problems = []
+    if not metrics.get("loss_last", math.inf) < metrics.get("loss_first", math.nan) * (1 - s.min_loss_drop):
+        problems.append(f"the loss did not fall by {s.min_loss_drop:.0%} (first steps {metrics.get('loss_first'):.4f},"
+                        f" last steps {metrics.get('loss_last'):.4f}): check train.lr and the data")
+    rate = metrics.get("train_tokens_per_s", 0.0)
+    if rate < s.min_tokens_per_s:
+        problems.append(f"throughput {rate:.0f} tokens/s is under the floor train.smoke.min_tokens_per_s="
+                        f"{s.min_tokens_per_s:g}")
+    run.tracker.set_tags({Tag.SMOKE: "failed" if problems else "passed"})
+    if problems:
+        message = "smoke run failed: " + "; and ".join(problems) + ". Fix: address it before a long run."
+        run.tracker.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)}, run.step)
+        run.tracker.close("FAILED", reason=message)
+        raise SmokeFailed(message)

@@ -1,0 +1,56 @@
+"""Stop rules checked before every optimizer step: non-finite loss or grad norm, and grad-norm spikes.
+
+A rule returns `(ok, reason)` (house style); the trainer stops before the step when it is not ok.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+
+from mlops.errors import MLOpsError
+
+
+class TrainingStopped(MLOpsError):
+    """A guard stopped the run before an optimizer step; the run is FAILED with the reason and an incident."""
+
+    exit_code = 3
+
+
+def check_finite(loss: float, grad_norm: float) -> tuple[bool, str]:
+    if not math.isfinite(loss):
+        return False, f"non-finite loss ({loss})"
+    if not math.isfinite(grad_norm):
+        return False, f"non-finite grad norm ({grad_norm})"
+    return True, ""
+
+
+class SpikeRule:
+    """Stop when the grad norm exceeds `factor` x the running median of the last `window` good steps."""
+
+    def __init__(self, factor: float | None, window: int = 50, warmup: int = 10) -> None:
+        self.factor = factor
+        self.warmup = warmup
+        self.history: deque[float] = deque(maxlen=window)
+
+    def check(self, grad_norm: float) -> tuple[bool, str]:
+        if self.factor is None or len(self.history) < max(self.warmup, 1):
+            return True, ""
+        median = statistics.median(self.history)
+        if median > 0 and grad_norm > self.factor * median:
+            return False, (
+                f"grad norm spike: {grad_norm:.4g} > {self.factor:g} x running median {median:.4g} "
+                f"(train.guards.spike_factor)"
+            )
+        return True, ""
+
+    def accept(self, grad_norm: float) -> None:
+        self.history.append(grad_norm)
+
+    def state(self) -> list[float]:
+        return list(self.history)
+
+    def restore(self, values: list[float] | None) -> None:
+        self.history.clear()
+        self.history.extend(values or [])

@@ -1,0 +1,82 @@
+"""Plan before spending: FLOPs, peak memory and wall time, logged before the first optimizer step.
+
+The wall-time estimate comes from a short measured warm-up (forward and backward on real batches) taken
+before DeepSpeed wraps the model; RNG state is restored and gradients dropped afterwards, so the warm-up
+leaves no trace in the run's numbers.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from training.metrics import count_params, flops_per_token, measured_peak_flops, memory_plan
+
+
+def mean_fill(reader, probe: int = 256) -> float:
+    """Fraction of real tokens per sequence, from the first samples of the split."""
+    n = min(probe, len(reader))
+    return float(np.mean([reader.get(i).attention_mask.mean() for i in range(n)])) if n else 1.0
+
+
+def warmup_step_seconds(model, micro_batch, accum: int, device: str, repeats: int = 2) -> float:
+    """Measured seconds of one optimizer step's forward/backward work, leaving RNG and gradients untouched."""
+    import torch
+
+    from training.checkpoint import rng_state, set_rng_state
+
+    saved = rng_state()
+    model.train()
+    batch = {k: getattr(micro_batch, k).to(device) for k in ("input_ids", "attention_mask", "labels")}
+    times = []
+    for _ in range(repeats + 1):
+        started = time.perf_counter()
+        model(**batch).loss.backward()
+        times.append(time.perf_counter() - started)
+    for p in model.parameters():
+        p.grad = None
+    set_rng_state(saved)
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return float(min(times[1:])) * accum  # the first pass pays one-off allocation costs
+
+
+def make_plan(model, prep, reader, micro_batch, device: str, *, measure: bool = True) -> dict:
+    t = prep.train
+    mc = model.config
+    layers, hidden = mc.num_hidden_layers, mc.hidden_size
+    seq = reader.seq_len
+    counts = count_params(model)
+    fpt = flops_per_token(counts, layers=layers, hidden=hidden, seq_len=seq)
+    tokens = t.max_steps * prep.global_batch * seq * mean_fill(reader)
+    memory = memory_plan(counts, zero_stage=t.zero_stage, world=prep.world_size, micro=prep.micro, seq_len=seq,
+                         layers=layers, hidden=hidden, heads=mc.num_attention_heads, vocab=mc.vocab_size)
+    peak = t.peak_flops or measured_peak_flops(device)
+    plan = {
+        "params_total": counts.total,
+        "params_trainable": counts.trainable,
+        "params_frozen": counts.frozen,
+        "matmul_params_trainable": counts.matmul_trainable,
+        "matmul_params_frozen": counts.matmul_frozen,
+        "flops_per_token": fpt,
+        "tokens_planned": tokens,
+        "flops_total": fpt * tokens,
+        "peak_flops": peak,
+        **{f"memory_{k}_bytes": v for k, v in memory.items()},
+    }
+    if measure:
+        step_s = warmup_step_seconds(model, micro_batch, prep.accum, device)
+        plan.update(warmup_step_s=step_s, wall_time_s=step_s * t.max_steps)
+    return plan
+
+
+def describe(plan: dict) -> str:
+    gib = 2**30
+    wall = plan.get("wall_time_s")
+    return (
+        f"plan: {plan['params_trainable']:,} trainable of {plan['params_total']:,} params; "
+        f"{plan['flops_total']:.3g} FLOPs over {plan['tokens_planned']:.3g} tokens; "
+        f"peak memory ~{plan['memory_total_bytes'] / gib:.2f} GiB/process; "
+        + (f"wall time ~{wall / 60:.1f} min (measured warm-up)" if wall is not None else "resumed: no warm-up")
+    )

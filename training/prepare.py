@@ -1,0 +1,203 @@
+"""Everything a run checks before it spends compute: snapshot, batch layout, base model, checkpoint to resume,
+world size against that checkpoint, disk room for K checkpoints, and the lineage it will carry."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlops.errors import ConfigError, MLOpsError
+
+log = logging.getLogger(__name__)
+FINAL = "final.json"
+
+
+@dataclass
+class Prepared:
+    cfg: object  # the root config, with train.snapshot resolved to a concrete id
+    snapshot_id: str
+    snapshot_dir: Path
+    base: dict  # {"name", "id", "path"}
+    world_size: int
+    micro: int
+    accum: int
+    global_batch: int
+    ckpt_dir: Path
+    config_hash: str
+    lineage: object  # mlops.lineage.Lineage
+    resume_from: Path | None = None
+    resume_manifest: dict = field(default_factory=dict)
+    universal: bool = False
+    completed: dict | None = None  # final.json of a finished run of this exact config
+    smoke: bool = False
+
+    @property
+    def train(self):
+        return self.cfg.train
+
+
+def apply_smoke(cfg) -> None:
+    """A smoke run: a few dozen steps, own checkpoints, no final model."""
+    t = cfg.train
+    t.max_steps = t.smoke.steps
+    t.warmup_steps = min(t.warmup_steps, max(1, t.smoke.steps // 5))
+    t.checkpoint.resume = "never"
+    t.final_model = False
+
+
+def default_ckpt_dir(config_hash: str) -> Path:
+    from mlops.paths import mlops_dir
+
+    return mlops_dir() / "checkpoints" / config_hash[:16]
+
+
+def prepare(cfg, world_size: int = 1, *, smoke: bool = False, verify_inputs: bool = True) -> Prepared:
+    """Every check before compute. `verify_inputs=False` skips re-hashing the snapshot (workers of a
+    multi-process run, whose launcher verified it already)."""
+    from mlops.base_models import ensure_base_model
+    from mlops.config import config_hash, require_section
+    from mlops.lineage import Tag, collect_lineage, enforce_release
+    from training.checkpoint import select_resume, verify
+    from training.data_loader import open_snapshot, resolve_snapshot_id
+
+    t = require_section(cfg, "train")
+    if smoke:
+        apply_smoke(cfg)
+    micro, accum, global_batch = t.batch_layout(world_size)
+    t.snapshot = resolve_snapshot_id(t.snapshot)  # hash the concrete id, never "latest"
+    digest = config_hash(cfg)
+    early = collect_lineage(digest, cfg.run.seed, base_model=cfg.base_model, snapshot_id=t.snapshot)
+    enforce_release(early, cfg.run.release)
+    snapshot_dir, manifest = open_snapshot(t.snapshot, verify=verify_inputs)
+    _check_seq_len(manifest, snapshot_dir)
+    base = ensure_base_model(cfg.base_model)
+    lineage = collect_lineage(
+        digest, cfg.run.seed, base_model=base["name"], base_model_id=base["id"], snapshot_id=t.snapshot,
+        extra={Tag.STAGE: "train", Tag.WORLD_SIZE: world_size, Tag.ZERO_STAGE: t.zero_stage,
+               Tag.TRAIN_MODE: t.mode, Tag.SMOKE: str(smoke).lower(), Tag.RELEASE: str(cfg.run.release).lower()},
+    )
+    ckpt_dir = Path(t.checkpoint.dir).expanduser().resolve() if t.checkpoint.dir else default_ckpt_dir(digest)
+    prep = Prepared(cfg, t.snapshot, snapshot_dir, base, world_size, micro, accum, global_batch, ckpt_dir,
+                    digest, lineage, smoke=smoke)
+    final = ckpt_dir / FINAL
+    if t.checkpoint.resume == "auto" and final.is_file():
+        prep.completed = json.loads(final.read_text())
+        return prep
+    _pick_resume(prep, select_resume, verify)
+    _check_disk(prep)
+    return prep
+
+
+def _check_seq_len(manifest: dict, folder: Path) -> None:
+    if not manifest.get("seq_len"):
+        raise MLOpsError(f"snapshot {folder} has no seq_len in its manifest. Fix: rebuild it with `mlops data build`.")
+
+
+def _pick_resume(prep: Prepared, select_resume, verify) -> None:
+    t = prep.train
+    mode = t.checkpoint.resume
+    if mode == "never":
+        return
+    if mode == "auto":
+        found = select_resume(prep.ckpt_dir)
+        if found is None:
+            return
+        prep.resume_from, prep.resume_manifest = found
+    else:
+        folder = Path(mode).expanduser().resolve()
+        ok, reason = verify(folder)
+        if not ok:
+            raise ConfigError(
+                f"train.checkpoint.resume='{mode}' cannot be used: {reason}. "
+                "Fix: point it at a complete checkpoint folder (step-XXXXXXXX), or use `auto` or `never`."
+            )
+        from training.checkpoint import read_manifest
+
+        prep.resume_from, prep.resume_manifest = folder, read_manifest(folder) or {}
+        prep.ckpt_dir = folder.parent
+    _check_compatible(prep)
+
+
+def _check_compatible(prep: Prepared) -> None:
+    m, t = prep.resume_manifest, prep.train
+    where = prep.resume_from
+    if m.get("config_hash") != prep.config_hash:
+        log.warning("checkpoint %s was written under config %s, this run's config is %s: resuming anyway",
+                    where, str(m.get("config_hash"))[:12], prep.config_hash[:12])
+    if m.get("zero_stage") != t.zero_stage:
+        raise ConfigError(
+            f"checkpoint {where} was written under ZeRO-{m.get('zero_stage')} but train.zero_stage={t.zero_stage}. "
+            f"Fix: set train.zero_stage={m.get('zero_stage')}, or start over with train.checkpoint.resume=never."
+        )
+    if m.get("snapshot_id") != prep.snapshot_id:
+        raise ConfigError(
+            f"checkpoint {where} trained on snapshot {m.get('snapshot_id')} but train.snapshot={prep.snapshot_id}. "
+            "Fix: resume with the same snapshot, or set train.checkpoint.resume=never."
+        )
+    written = int(m.get("world_size", 1))
+    if written != prep.world_size and t.zero_stage >= 1:
+        if not t.checkpoint.universal:
+            raise ConfigError(
+                f"checkpoint {where} was written by {written} processes under ZeRO-{t.zero_stage}, and this run "
+                f"has {prep.world_size}: its optimizer shards only load at world size {written}. Fix: run with "
+                f"--nproc {written}, or set train.checkpoint.universal=true to convert it with DeepSpeed's "
+                "universal checkpoint."
+            )
+        prep.universal = True
+    position = int(m.get("data", {}).get("position", 0))
+    if position % prep.global_batch:
+        raise ConfigError(
+            f"checkpoint {where} stopped at sample {position}, which is not a step boundary of this run's global "
+            f"batch ({prep.global_batch}). Fix: set train.global_batch_size={m.get('global_batch')} so the batch "
+            "stays the same at any world size."
+        )
+
+
+def estimate_counts(base_path: str, t):
+    """Parameter counts read from the safetensors headers, without loading any weight."""
+    from safetensors import safe_open
+
+    from training.metrics import ParamCounts
+
+    total = lora = mm = 0
+    for file in sorted(Path(base_path).glob("*.safetensors")):
+        with safe_open(str(file), "pt") as fh:
+            for key in fh.keys():
+                shape = fh.get_slice(key).get_shape()
+                n = 1
+                for d in shape:
+                    n *= d
+                total += n
+                if len(shape) == 2 and "embed" not in key:
+                    mm += n
+                    if any(key.endswith(f"{m}.weight") for m in t.lora.target_modules):
+                        lora += t.lora.r * (shape[0] + shape[1])
+    if t.mode == "lora":
+        return ParamCounts(total + lora, lora, lora, mm)
+    return ParamCounts(total, total, mm, 0)
+
+
+def _check_disk(prep: Prepared) -> None:
+    from training.metrics import checkpoint_bytes
+
+    t = prep.train
+    counts = estimate_counts(prep.base["path"], t)
+    one = checkpoint_bytes(counts, mode=t.mode, zero_stage=t.zero_stage)
+    kept = t.checkpoint.keep_last + 1  # the one being written exists before the oldest is deleted
+    if t.checkpoint.keep_every:
+        kept += t.max_steps // t.checkpoint.keep_every
+    probe = prep.ckpt_dir
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    existing = sum(f.stat().st_size for f in prep.ckpt_dir.rglob("*") if f.is_file()) if prep.ckpt_dir.is_dir() else 0
+    if one * kept > free + existing:
+        raise MLOpsError(
+            f"the disk at {probe} has {free / 2**30:.2f} GiB free, but {kept} checkpoints of about "
+            f"{one / 2**30:.2f} GiB each need {one * kept / 2**30:.2f} GiB. Fix: lower "
+            "train.checkpoint.keep_last or train.checkpoint.keep_every, free space, or set train.checkpoint.dir "
+            "to a larger disk."
+        )

@@ -1,0 +1,122 @@
+"""One optimizer step (micro steps, guards before the update) and one validation pass."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from training.guards import TrainingStopped, check_finite
+
+
+def run_step(run, window) -> dict:
+    """Forward/backward over the step's micro batches, check loss and grad norm, then update (or stop)."""
+    import torch
+    import torch.distributed as dist
+
+    from training.engine import grad_norm_before_step
+
+    engine, t, dev = run.engine, run.t, run.world.device
+    step = run.step + 1
+    started = time.perf_counter()
+    batch = run.batches.next_step(all_ids=run.rank0)
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    tokens = 0
+    for j, mb in enumerate(batch.micro):
+        out = engine(input_ids=mb.input_ids.to(dev), attention_mask=mb.attention_mask.to(dev),
+                     labels=mb.labels.to(dev))
+        loss = out.loss
+        if t.debug.nan_at_step == step:
+            loss = loss * float("nan")
+        if t.debug.spike_at_step == step:
+            loss = loss * 1e4
+        engine.backward(loss)
+        loss_sum += loss.detach().double().cpu()
+        tokens += mb.tokens
+        if j < len(batch.micro) - 1:
+            engine.step()  # not a boundary: DeepSpeed only counts the micro step
+    grad_norm = grad_norm_before_step(engine)
+    want_save = bool(t.checkpoint.every_seconds and time.monotonic() - run.last_save >= t.checkpoint.every_seconds)
+    stats = torch.tensor([float(loss_sum) / len(batch.micro), float(tokens), float(want_save)], dtype=torch.float64)
+    dist.all_reduce(stats)
+    loss_value = float(stats[0]) / run.world.size
+    ok, reason = check_finite(loss_value, grad_norm)
+    if ok:
+        ok, reason = run.spike.check(grad_norm)
+    if not ok:
+        incident(run, step, reason, batch, loss_value, grad_norm)
+    lr = float(engine.get_lr()[0])
+    engine.step()
+    run.spike.accept(grad_norm)
+    run.step = step
+    run.tokens_seen += int(stats[1])
+    run.losses.append(loss_value)
+    seconds = time.perf_counter() - started
+    run.step_tokens += int(stats[1])
+    run.step_seconds += seconds
+    window.add(tokens=int(stats[1]), seconds=seconds, loss=loss_value, grad_norm=grad_norm, lr=lr,
+               data_wait_s=batch.wait_s)
+    run.write_trace({"step": step, "loss": loss_value.hex(), "grad_norm": float(grad_norm).hex(), "lr": lr,
+                     "position": batch.start, "samples": batch.step_sample_ids})
+    return {"save": stats[2] > 0}
+
+
+def incident(run, step: int, reason: str, batch, loss: float, grad_norm: float):
+    """Stop before the update: write the incident, fail the run, raise. No checkpoint follows."""
+    import json
+
+    from mlops.lineage import Tag
+
+    run.saver.wait()
+    last_good = run.saver.last_complete
+    record = {
+        "step": step,
+        "reason": reason,
+        "loss": repr(loss),
+        "grad_norm": repr(grad_norm),
+        "sample_ids": batch.step_sample_ids,
+        "data_position": batch.start,
+        "last_metrics": run.last_metrics,
+        "last_good_checkpoint": str(last_good) if last_good else None,
+        "run_id": run.tracker.run_id,
+    }
+    message = (f"training stopped before optimizer step {step}: {reason}. Last good checkpoint: "
+               f"{last_good or 'none'}. Fix: inspect the incident's sample ids, lower train.lr or raise "
+               "train.warmup_steps, then resume from that checkpoint.")
+    if run.rank0:
+        folder = run.prep.ckpt_dir / "incidents"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"step-{step:08d}.json").write_text(json.dumps(record, indent=2, default=str))
+        run.tracker.log_dict(record, "incident.json")
+        if run.trace is not None:
+            run.trace.flush()
+            run.tracker.log_artifact(run.prep.ckpt_dir / "trace.jsonl", "trace")
+        run.tracker.set_tags({Tag.STOP_REASON: reason})
+        run.tracker.close("FAILED", reason=message[:4000])
+    raise TrainingStopped(message)
+
+
+def validate(run) -> dict:
+    """Validation loss (token-weighted over the split, all ranks) and perplexity."""
+    import torch
+    import torch.distributed as dist
+
+    from training.data_loader import validation_batches
+
+    engine, dev = run.engine, run.world.device
+    total = torch.zeros(2, dtype=torch.float64)
+    engine.eval()
+    with torch.no_grad():
+        for mb in validation_batches(run.val_reader, micro=run.prep.micro, world=run.world.size,
+                                     rank=run.world.rank, limit=run.t.eval_samples):
+            n = int((mb.labels[:, 1:] != -100).sum())
+            if n == 0:
+                continue
+            out = engine.module(input_ids=mb.input_ids.to(dev), attention_mask=mb.attention_mask.to(dev),
+                                labels=mb.labels.to(dev))
+            total += torch.tensor([float(out.loss) * n, n], dtype=torch.float64)
+    engine.train()
+    dist.all_reduce(total)
+    if total[1] == 0:
+        return {}
+    val_loss = float(total[0] / total[1])
+    return {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0))}

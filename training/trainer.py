@@ -1,0 +1,392 @@
+"""The training stage's core: `train(cfg, tracker, report=...) -> TrainResult`.
+
+One call is one run, callable repeatedly in one process (sweep trials) and identically under torchrun or
+the deepspeed launcher (every rank calls it; only rank 0 talks to the tracker). The order of work:
+prepare (every check, no compute) -> plan (FLOPs, memory, measured warm-up) -> DeepSpeed engine -> resume ->
+steps with guards, metrics, validation and checkpoints -> final model.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from training.guards import SpikeRule, TrainingStopped
+from training.prepare import FINAL, Prepared, prepare
+
+log = logging.getLogger(__name__)
+RUN_ID_ENV = "MLOPS_TRAIN_RUN_ID"  # set by the multi-process launcher so every rank joins one run
+TRACE = "trace.jsonl"
+
+
+class StopTraining(Exception):
+    """Raised by a `report` callback to end the run cleanly (a pruned sweep trial, for instance)."""
+
+
+class SimulatedCrash(BaseException):
+    """train.debug.crash_after_step: leave like a killed process (no cleanup, run left RUNNING)."""
+
+
+@dataclass
+class TrainResult:
+    run_id: str
+    status: str  # FINISHED, FAILED or STOPPED
+    steps: int
+    metrics: dict = field(default_factory=dict)  # loss, val_loss, val_perplexity, tokens_seen, ...
+    model_dir: Path | None = None
+    model_uri: str | None = None
+    checkpoint: Path | None = None
+    stopped: bool = False
+    reason: str | None = None
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
+
+
+def train(cfg, tracker=None, *, report: Callable[[int, dict], None] | None = None,
+          prepared: Prepared | None = None) -> TrainResult:
+    """Train as configured; returns the result, raises TrainingStopped (NaN/spike) or MLOpsError (bad input).
+
+    `tracker` is the run to log to (only used on rank 0); without one, a run is opened, attached to the
+    checkpoint's run when resuming. The run is closed with its final status either way.
+    """
+    from training.engine import init_world
+
+    world = init_world(cfg.train.deepspeed.backend if cfg.train else "auto")
+    prep = prepared or prepare(cfg, world.size)
+    if prep.completed is not None:
+        return _already_done(prep, tracker, world.rank)
+    tracker = tracker if (tracker is not None and world.rank == 0) else open_tracker(prep, world.rank, tracker)
+    run = _Run(prep, world, tracker, report)
+    try:
+        return run.execute()
+    except SimulatedCrash:
+        raise
+    except TrainingStopped:
+        raise  # closed FAILED with its incident already
+    except BaseException as err:
+        from mlops.errors import MLOpsError
+
+        reason = str(err) if isinstance(err, MLOpsError) else f"{type(err).__name__}: {err}"
+        tracker.close("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", reason=reason[:4000])
+        raise
+    finally:
+        run.release()
+
+
+def open_tracker(prep: Prepared, rank: int, given=None):
+    from training.metrics import NullTracker
+
+    run_id = os.environ.get(RUN_ID_ENV) or prep.resume_manifest.get("run_id")
+    if rank != 0:
+        return NullTracker(getattr(given, "run_id", None) or run_id or "none")
+    from mlops.tracking import MlflowTracker
+
+    cfg = prep.cfg
+    name = cfg.run.run_name or f"train-{cfg.train.mode}-{cfg.base_model}"
+    tags = prep.lineage.as_tags()
+    if run_id:
+        try:
+            return MlflowTracker.start(cfg.run.experiment, run_name=name, tags=tags, resume_run_id=run_id)
+        except Exception as err:  # noqa: BLE001 - the old run is gone (another store): start a new one
+            log.warning("cannot continue MLflow run %s (%s); starting a new run", run_id, err)
+            tags = {**tags, "mlops.source_run_id": run_id}
+    return MlflowTracker.start(cfg.run.experiment, run_name=name, tags=tags)
+
+
+def _already_done(prep: Prepared, tracker, rank: int) -> TrainResult:
+    from mlops.lineage import Tag
+
+    done = prep.completed
+    result = TrainResult(done["run_id"], "FINISHED", done["steps"], done.get("metrics", {}),
+                         Path(done["model_dir"]) if done.get("model_dir") else None, done.get("model_uri"),
+                         Path(done["checkpoint"]) if done.get("checkpoint") else None)
+    log.warning("this exact config already trained in run %s; returning its result (%s)", result.run_id,
+                prep.ckpt_dir / FINAL)
+    if tracker is not None and rank == 0 and tracker.run_id != result.run_id:
+        tracker.set_tags({**prep.lineage.as_tags(), Tag.SOURCE_RUN: result.run_id})
+        tracker.log_metrics({k: v for k, v in result.metrics.items() if isinstance(v, int | float)}, result.steps)
+        tracker.close("FINISHED")
+    return result
+
+
+class _Run:
+    def __init__(self, prep: Prepared, world, tracker, report) -> None:
+        self.prep, self.world, self.tracker, self.report = prep, world, tracker, report
+        self.t = prep.train
+        self.rank0 = world.rank == 0
+        self.engine = None
+        self.step = 0
+        self.tokens_seen = 0
+        self.last_metrics: dict = {}
+        self.val: dict = {}
+        self.losses: list[float] = []
+        self.step_tokens = 0  # tokens and seconds of the steps this process ran (for throughput)
+        self.step_seconds = 0.0
+        self.trace = None
+
+    # ----------------------------------------------------------------- setup
+
+    def execute(self) -> TrainResult:
+        import torch
+
+        from mlops.data.format import SnapshotReader
+        from training.data_loader import RankBatches
+        from training.engine import build_model, ds_config, initialize
+
+        prep, t, w = self.prep, self.t, self.world
+        seed = prep.cfg.run.seed
+        self.reader = SnapshotReader(prep.snapshot_dir, "train")
+        self.val_reader = SnapshotReader(prep.snapshot_dir, "validation")
+        model = build_model(prep.base["path"], t, seed)
+        _seed_all(seed + w.rank)
+        model.to(w.device)
+        resuming = prep.resume_from is not None
+        first = RankBatches(self.reader, seed=seed, micro=prep.micro, accum=prep.accum, world=w.size,
+                            rank=w.rank).next_step().micro[0]
+        from training.plan import describe, make_plan
+
+        self.plan = make_plan(model, prep, self.reader, first, w.device, measure=not resuming)
+        config = ds_config(t, w, micro=prep.micro, accum=prep.accum, universal=prep.universal)
+        self._log_start(config)
+        if self.rank0:
+            print(describe(self.plan), flush=True)
+        self.started = time.perf_counter()
+        self.engine, _, _ = initialize(model, t, config)
+        self.saver = self._saver()
+        state = self._resume() if resuming else {}
+        self.batches = RankBatches(self.reader, seed=seed, micro=prep.micro, accum=prep.accum, world=w.size,
+                                   rank=w.rank, start=int(state.get("data", {}).get("position", 0)))
+        self.spike = SpikeRule(t.guards.spike_factor, t.guards.spike_window, t.guards.spike_warmup)
+        self.spike.restore(state.get("spike_history"))
+        self.resume_to_first_step = None
+        self._open_trace(truncate_after=self.step)
+        torch.set_grad_enabled(True)
+        return self._loop()
+
+    def _saver(self):
+        from training.checkpoint import Saver
+
+        lineage = self.prep.lineage
+        fields = {"run_id": self.tracker.run_id, "config_hash": lineage.config_hash, "snapshot_id": lineage.snapshot_id,
+                  "image_tag": lineage.image_tag, "git_commit": lineage.git_commit, "git_dirty": lineage.git_dirty,
+                  "base_model": lineage.base_model, "base_model_id": lineage.base_model_id, "seed": lineage.seed,
+                  "code_version": lineage.code_version, "mode": self.t.mode}
+        return Saver(self.prep.ckpt_dir, rank=self.world.rank, keep_last=self.t.checkpoint.keep_last,
+                     keep_every=self.t.checkpoint.keep_every, exclude_frozen=self.t.mode == "lora",
+                     tracker=self.tracker, lineage=fields, kill_in_save_step=self.t.debug.kill_in_save_step)
+
+    def _log_start(self, config: dict) -> None:
+        from mlops.config import canonical, resolved_yaml
+        from mlops.lineage import Tag
+
+        prep, tr = self.prep, self.tracker
+        tags = prep.lineage.as_tags()
+        if prep.resume_from is not None:
+            tags[Tag.RESUMED_FROM] = str(prep.resume_from)
+        tr.set_tags(tags)
+        flat = {k: v for k, v in canonical(self.t).items() if not isinstance(v, dict | list)}
+        tr.log_params({**{f"train.{k}": v for k, v in flat.items()}, "base_model": prep.base["name"],
+                       "world_size": prep.world_size, "grad_accum_effective": prep.accum,
+                       "global_batch": prep.global_batch, "seq_len": self.reader.seq_len})
+        tr.log_text(resolved_yaml(prep.cfg), "config/resolved.yaml")
+        tr.log_dict(config, "config/deepspeed.json")
+        tr.log_input(prep.snapshot_id, prep.snapshot_id, str(prep.snapshot_dir))
+        tr.log_dict(self.plan, "plan.json")
+        tr.log_metrics({f"plan/{k}": float(v) for k, v in self.plan.items()}, self.step)
+
+    def _resume(self) -> dict:
+        import torch.distributed as dist
+
+        from training.checkpoint import set_rng_state, to_universal
+
+        prep = self.prep
+        started = time.perf_counter()
+        load_dir, tag = prep.resume_from.parent, prep.resume_from.name
+        if prep.universal:
+            if self.rank0:
+                load_dir, tag = to_universal(prep.resume_from)
+            dist.barrier()
+            load_dir, tag = prep.resume_from.parent / "universal", prep.resume_from.name
+        path, state = self.engine.load_checkpoint(str(load_dir), tag=tag, load_module_strict=self.t.mode != "lora")
+        if path is None:
+            from mlops.errors import MLOpsError
+
+            raise MLOpsError(f"DeepSpeed could not load checkpoint {prep.resume_from}. Fix: set "
+                             "train.checkpoint.resume=never to start over, or point it at another checkpoint.")
+        state = state or {}
+        rngs = state.get("rng") or []
+        if self.world.rank < len(rngs):
+            set_rng_state(rngs[self.world.rank])
+        self.step = int(state.get("step", 0))
+        self.tokens_seen = int(state.get("tokens_seen", 0))
+        self.last_metrics = dict(state.get("last_metrics", {}))
+        self.resume_s = time.perf_counter() - started
+        self.saver.last_complete = prep.resume_from
+        if self.rank0:
+            print(f"resumed from {prep.resume_from} at step {self.step} in {self.resume_s:.2f} s", flush=True)
+        return state
+
+    # ----------------------------------------------------------------- the loop
+
+    def _loop(self) -> TrainResult:
+        from training.metrics import Window
+        from training.steps import run_step
+
+        t = self.t
+        window = Window()
+        bar = self._progress()
+        resumed_at = time.perf_counter()
+        self.last_save = time.monotonic()
+        try:
+            while self.step < t.max_steps:
+                out = run_step(self, window)
+                if self.resume_to_first_step is None:
+                    self.resume_to_first_step = time.perf_counter() - resumed_at
+                    self.tracker.log_metrics({"time_to_first_step_s": self.resume_to_first_step}, self.step)
+                if bar is not None:
+                    bar.update(1)
+                if self.step % self.prep.cfg.run.log_every == 0 or self.step == t.max_steps:
+                    self._flush(window, bar)
+                stop = self._maybe_validate()
+                if out["save"] or self.step % t.checkpoint_every == 0 or self.step == t.max_steps:
+                    self._save()
+                if t.debug.crash_after_step == self.step:
+                    self.saver.wait()
+                    raise SimulatedCrash(f"train.debug.crash_after_step={self.step}")
+                if stop:
+                    return self._stopped(stop)
+        finally:
+            if bar is not None:
+                bar.close()
+        self.saver.wait()
+        from training.final import finish
+
+        return finish(self)
+
+    def _progress(self):
+        if not (self.rank0 and self.t.progress):
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=self.t.max_steps, initial=self.step, desc="train", unit="step", mininterval=1.0,
+                    dynamic_ncols=True)
+
+    def _flush(self, window, bar) -> None:
+        metrics = window.flush(flops_per_token=self.plan["flops_per_token"], peak_flops=self.plan["peak_flops"],
+                               device=self.world.device)
+        if metrics:
+            metrics["tokens_seen"] = float(self.tokens_seen)
+            self.last_metrics = metrics
+            self.tracker.log_metrics(metrics, self.step)
+            if bar is not None:
+                bar.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}", refresh=False)
+
+    def _maybe_validate(self) -> str | None:
+        if self.step % self.t.eval_every and self.step != self.t.max_steps:
+            return None
+        from training.steps import validate
+
+        self.val = validate(self)
+        self.tracker.log_metrics(self.val, self.step)
+        reason = None
+        if self.report is not None:
+            try:
+                self.report(self.step, {**self.val, "loss": self.losses[-1] if self.losses else math.nan})
+            except StopTraining as err:
+                reason = str(err) or f"stopped by report at step {self.step}"
+        return _agree(reason)
+
+    def _save(self) -> None:
+        from training.checkpoint import gather_rng
+
+        rngs = gather_rng()
+        b = self.batches
+        data = {"position": b.position, "epoch": b.epoch, "seed": self.prep.cfg.run.seed,
+                "global_batch": self.prep.global_batch}
+        client = {"step": self.step, "tokens_seen": self.tokens_seen, "data": data, "rng": rngs,
+                  "spike_history": self.spike.state(), "world_size": self.world.size,
+                  "last_metrics": self.last_metrics, "universal_checkpoint_info": {"universal_checkpoint_version": 0.2}}
+        fields = {"tokens_seen": self.tokens_seen, "world_size": self.world.size, "zero_stage": self.t.zero_stage,
+                  "data": data, "global_batch": self.prep.global_batch}
+        self.saver.save(self.engine, self.step, client, fields)
+        self.last_save = time.monotonic()
+        self.tracker.log_metrics({"checkpoint_save_s": self.saver.last_save_s}, self.step)
+
+    def _stopped(self, reason: str) -> TrainResult:
+        from mlops.lineage import Tag
+
+        self.saver.wait()
+        self.tracker.set_tags({Tag.STOP_REASON: reason})
+        self.tracker.close("FINISHED")
+        metrics = {**self.val, "loss": self.losses[-1] if self.losses else math.nan, "steps": self.step}
+        return TrainResult(self.tracker.run_id, "STOPPED", self.step, metrics, stopped=True, reason=reason,
+                           checkpoint=self.saver.last_complete)
+
+    # ----------------------------------------------------------------- trace and cleanup
+
+    def _open_trace(self, truncate_after: int) -> None:
+        """Rank 0 records each step's loss (exact, as float hex) and sample ids; a resume drops later lines."""
+        if not self.rank0:
+            return
+        path = self.prep.ckpt_dir / TRACE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        kept = []
+        if path.exists() and truncate_after > 0:
+            for line in path.read_text().splitlines():
+                try:
+                    if json.loads(line)["step"] <= truncate_after:
+                        kept.append(line)
+                except (ValueError, KeyError):
+                    break  # a torn last line from a kill
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(k + "\n" for k in kept))
+        os.replace(tmp, path)
+        self.trace = path.open("a", buffering=1)
+
+    def write_trace(self, record: dict) -> None:
+        if self.trace is not None:
+            self.trace.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def release(self) -> None:
+        if self.trace is not None:
+            self.trace.close()
+            self.trace = None
+        if self.engine is not None:
+            try:
+                self.engine.destroy()
+            except Exception:  # noqa: BLE001 - best effort: the next run builds a fresh engine
+                pass
+            self.engine = None
+        gc.collect()
+
+
+def _agree(reason: str | None) -> str | None:
+    """Every rank stops if any rank's report asked to."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1.0 if reason else 0.0])
+    dist.all_reduce(flag)
+    if flag.item() > 0:
+        return reason or "stopped by report on another rank"
+    return None
+
+
+def _seed_all(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
