@@ -60,6 +60,12 @@ class Tag(StrEnum):
     CONTAMINATION_STATUS = "contamination.status"
     CONTAMINATION_COUNT = "contamination.count"
     CONTAMINATION_ITEMS = "contamination.items"
+    SWEEP_STUDY = "mlops.sweep.study"
+    SWEEP_TRIAL = "mlops.sweep.trial_number"
+    SWEEP_TRIAL_STATE = "mlops.sweep.trial_state"
+    SWEEP_BEST_TRIAL = "mlops.sweep.best_trial_number"
+    SWEEP_BEST_RUN = "mlops.sweep.best_run_id"
+    SWEEP_STORAGE = "mlops.sweep.storage"
 
 
 def code_version() -> str:
