@@ -1,7 +1,116 @@
-"""CLI wrapper for this stage."""
+"""`mlops data ...`: build, show, verify and list snapshots; list gate suites; generate the sample data.
+
+`mlflow run mlproject -e data -P config=...` calls `mlops data build --config {config} {overrides}`.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import typer
 
-app = typer.Typer(help="(stage under construction)", no_args_is_help=True)
+from mlops.cli import ConfigOpt, OverridesArg, load
+
+app = typer.Typer(help="Data snapshots: build, show, verify, list; sample data.", no_args_is_help=True)
+RootOpt = typer.Option(None, "--root", help="snapshots folder (default .mlops/snapshots)")
+
+
+def run_build(cfg, *, force: bool = False):
+    """The build as a tracked run with lineage tags; returns the BuildResult."""
+    from mlops.config import config_hash
+    from mlops.data.build import build_snapshot
+    from mlops.lineage import Tag, collect_lineage, enforce_release
+    from mlops.tracking import tracked_run
+
+    lineage = collect_lineage(config_hash(cfg), cfg.run.seed, base_model=cfg.base_model,
+                              extra={Tag.STAGE: "data"})
+    enforce_release(lineage, cfg.run.release)
+    with tracked_run(cfg.run.experiment, run_name=cfg.run.run_name or "data-build", tags=lineage.as_tags()) as tracker:
+        result = build_snapshot(cfg, tracker, force=force)
+        return result, tracker.run_id
+
+
+@app.command("build")
+def build(
+    config: Path | None = ConfigOpt,
+    overrides: list[str] | None = OverridesArg,
+    force: bool = typer.Option(False, "--force", help="rebuild even if these inputs were built before"),
+) -> None:
+    """Build a data snapshot from the config's `data:` section (a no-op when already built)."""
+    cfg = load(config, overrides)
+    result, run_id = run_build(cfg, force=force)
+    m = result.manifest
+    state = "already built (no work done)" if result.noop else f"built in {m.get('build_seconds')} s"
+    samples = m.get("counts", {}).get("samples", {})
+    gate = m.get("gate", {})
+    typer.echo(f"snapshot {result.snapshot_id}: {state}")
+    typer.echo(f"  path     {result.path}")
+    typer.echo(f"  samples  train={samples.get('train', 0)} validation={samples.get('validation', 0)}")
+    typer.echo(f"  gate     {gate.get('suite')}: {gate.get('passed')} batches passed, "
+               f"{gate.get('quarantined')} quarantined")
+    issues = m.get("issues", {})
+    if issues.get("count"):
+        typer.echo(f"  issues   {issues['count']} bad input rows quarantined, e.g.:")
+        for item in issues.get("listed", [])[:5]:
+            typer.echo(f"    {item['file']}:{item['line']} {item['problem']}")
+    typer.echo(f"  run      {run_id}")
+
+
+@app.command("show")
+def show(
+    snapshot_id: str = typer.Argument(..., help="snapshot id (or a unique prefix)"),
+    as_json: bool = typer.Option(False, "--json", help="print the whole manifest as JSON"),
+    root: Path | None = RootOpt,
+) -> None:
+    """Print a snapshot's manifest readably."""
+    from mlops.data.format import read_manifest
+    from mlops.data.manifest import describe
+    from mlops.data.snapshot import resolve_snapshot
+
+    manifest = read_manifest(resolve_snapshot(snapshot_id, root))
+    typer.echo(json.dumps(manifest, indent=2, sort_keys=True) if as_json else describe(manifest))
+
+
+@app.command("verify")
+def verify(snapshot_id: str = typer.Argument(..., help="snapshot id or folder"), root: Path | None = RootOpt) -> None:
+    """Re-hash every file of a snapshot against its manifest; exits non-zero on any change."""
+    from mlops.data.snapshot import verify_snapshot
+
+    result = verify_snapshot(snapshot_id, root)
+    typer.echo(f"snapshot {result['snapshot_id']}: {result['files']} files verified, unchanged")
+
+
+@app.command("list")
+def list_cmd(root: Path | None = RootOpt) -> None:
+    """List complete snapshots, newest first."""
+    from mlops.data.snapshot import list_snapshots
+
+    for m in list_snapshots(root):
+        samples = m.get("counts", {}).get("samples", {})
+        typer.echo(f"{m['snapshot_id']}  {m.get('created_at', '')}  {m.get('name', '')}  "
+                   f"train={samples.get('train', 0)} validation={samples.get('validation', 0)}")
+
+
+@app.command("suites")
+def suites() -> None:
+    """List the registered Great Expectations batch suites with their versions."""
+    from mlops.data.gate import SUITES
+
+    for name in SUITES.names():
+        spec = SUITES.get(name)
+        typer.echo(f"{spec.key:24} {spec.description}")
+
+
+@app.command("sample")
+def sample(
+    out: Path = typer.Option(Path("data/generated"), "--out", help="folder for the generated files"),
+    scale: int = typer.Option(1, "--scale", min=1, help="multiply the number of records"),
+    seed: int = typer.Option(7, "--seed", help="generator seed (same seed, same files)"),
+) -> None:
+    """Generate the customer-support sample data (with injected duplicates, PII, junk, leaks, a bad batch)."""
+    from mlops.data.sample import generate
+
+    summary = generate(out, scale=scale, seed=seed)
+    for name, count in summary.items():
+        typer.echo(f"{name:40} {count}")

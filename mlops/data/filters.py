@@ -23,7 +23,7 @@ OK: Verdict = (True, "")
 URL_RE = re.compile(r"(?:https?://|www\.)\S+", re.IGNORECASE)
 WORD_RE = re.compile(r"\w+", re.UNICODE)
 # Punctuation that prose, code and support tickets use all the time; anything else non-alphanumeric counts.
-PLAIN_PUNCT = set(".,;:!?'\"()[]{}-_/%&@#$*+=<>|\\`~€£\n\t ")
+PLAIN_PUNCT = set(".,;:!?'\"()[]-_/%&@#$*+=€£\n\t ")
 
 
 def words(text: str) -> list[str]:
@@ -69,7 +69,7 @@ def symbol_ratio(text: str) -> float:
         return 0.0
     odd = sum(1 for c in chars if not c.isalnum() and c not in PLAIN_PUNCT)
     # Long runs of plain punctuation ("!!!!!!", "#####") are garbage too.
-    runs = sum(len(m.group(0)) for m in re.finditer(r"([^\w\s])\1{4,}", text))
+    runs = sum(len(m.group(0)) for m in re.finditer(r"([^\w\s])\1{2,}", text))
     return (odd + runs) / len(chars)
 
 
