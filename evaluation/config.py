@@ -2,12 +2,54 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
-from mlops.config import StrictModel
+from mlops.config import StrictModel, volatile
+
+
+class GateConfig(StrictModel):
+    mode: Literal["noise_tolerant", "strict"] = Field(
+        "noise_tolerant",
+        description="noise_tolerant: fail only when the interval shows a drop beyond the margin; "
+        "strict: pass only when the interval shows non-inferiority",
+    )
+    z: float = Field(1.645, gt=0, description="interval half-width in stderrs of the delta (1.645: one-sided 95%)")
+    general_margin: float = Field(0.02, ge=0, description="non-inferiority margin for general tasks")
+    business_margin: float = Field(0.0, ge=0, description="allowed drop for business dimensions (0: none)")
+    must_improve: list[str] = Field(default_factory=list, description="business dimensions that must improve")
+    floors: dict[str, float] = Field(
+        default_factory=dict, description="absolute floors by task, dimension or suite name, used without a champion"
+    )
+    default_floor: float | None = Field(None, ge=0, le=1, description="floor for every task without its own")
+    history: list[str] = Field(default_factory=list, description="past champion model refs also compared against")
+    history_from_registry: int = Field(
+        0, ge=0, description="also compare against this many earlier versions that passed the gate"
+    )
+
+
+class ContaminationConfig(StrictModel):
+    enabled: bool = Field(True, description="check eval items against the training snapshot after each eval")
+    ngram: int = Field(8, ge=3, description="word n-gram length (items shorter than this compare whole)")
+    min_ratio: float = Field(
+        0.0, ge=0, lt=1, description="an item offends when more than this share of its n-grams is in the snapshot"
+    )
+    split: str = Field("train", description="snapshot split the model was trained on")
 
 
 class EvalConfig(StrictModel):
     suites: list[str] = Field(default_factory=lambda: ["general", "business"], description="registered eval suites")
+    suite_paths: list[str] = Field(default_factory=list, description="extra folders holding suite folders")
     limit: int | None = Field(None, ge=1, description="items per task (None: all)")
-    margin: float = Field(0.02, ge=0, description="non-inferiority margin for general tasks")
+    chat_template_mc: bool = Field(
+        True, description="render multiple-choice prompts through the chat template and system prompt"
+    )
+    batch_size: int = Field(8, ge=1, description="loglikelihood prompts per request")
+    concurrency: int = Field(4, ge=1, description="requests in flight against the server")
+    bootstrap_iters: int = Field(1000, ge=0, description="lm-eval bootstrap iterations for non-mean metrics")
+    use_cache: bool = volatile(True, description="reuse responses cached per model version and profile")
+    server_start_timeout: float = volatile(300.0, gt=0, description="seconds to wait for the server's /health")
+    request_timeout: int = volatile(600, ge=1, description="seconds per request before lm-eval retries")
+    gate: GateConfig = Field(default_factory=GateConfig)
+    contamination: ContaminationConfig = Field(default_factory=ContaminationConfig)

@@ -225,3 +225,27 @@ def require_ref(ref: str | None, what: str) -> str:
     if not ref or not str(ref).strip():
         raise MLOpsError(f"no {what} model given. Fix: pass {REF_FORMS}.")
     return str(ref).strip()
+
+
+def latest_run(tags: dict[str, str], status: str = "FINISHED") -> str | None:
+    """Id of the newest run, in any experiment, carrying all `tags` with the given status."""
+    client = _client()
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    if not experiments:
+        return None
+    clauses = [f"tags.`{k}` = '{v}'" for k, v in tags.items()] + [f"attributes.status = '{status}'"]
+    runs = client.search_runs(experiments, " and ".join(clauses), order_by=["attributes.start_time DESC"],
+                              max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def load_run_json(run_id: str, artifact_path: str) -> dict:
+    """A JSON artifact of a run (e.g. an eval run's `eval/summary.json`)."""
+    import json
+
+    import mlflow
+
+    from mlops.tracking import tracking_uri
+
+    local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path, tracking_uri=tracking_uri())
+    return json.loads(Path(local).read_text())

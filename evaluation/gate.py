@@ -1,0 +1,153 @@
+"""Champion/challenger gate: a pure comparison of eval summaries (scores with stderr) into a report.
+
+Rules (settings in `eval.gate`), on the interval delta +/- z * sqrt(se_challenger^2 + se_reference^2):
+- general tasks must be non-inferior within `general_margin`;
+- business dimensions must not regress beyond `business_margin`, and those in `must_improve` must improve
+  (the whole interval above 0);
+- with no champion, absolute `floors` (by task, dimension or suite; `default_floor` otherwise) apply;
+- every past champion in `history` is held to the same non-inferiority / no-regression rules, so a capability
+  lost over several small releases is still caught.
+`noise_tolerant` mode fails a comparison only when the interval lies wholly below the allowed drop; `strict`
+passes it only when the interval lies wholly above it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+from evaluation.results import Score
+
+DIMENSION_SUITES = ("business",)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    against: str
+    rule: str  # non_inferior | no_regression | must_improve | floor | coverage
+    challenger: float | None
+    reference: float | None
+    delta: float | None
+    lo: float | None
+    hi: float | None
+    passed: bool
+    reason: str
+
+
+@dataclass
+class GateReport:
+    challenger: str
+    champion: str | None
+    passed: bool
+    checks: list[Check]
+    history: list[str] = field(default_factory=list)
+    settings: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+    @property
+    def reasons(self) -> list[str]:
+        return [c.reason for c in self.checks if not c.passed]
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "result": "passed" if self.passed else "failed", "reasons": self.reasons}
+
+
+def scores_of(summary: dict) -> dict[str, Score]:
+    """The gated units of one eval summary: general tasks, and business dimensions (area aggregates)."""
+    out = {}
+    for row in summary.get("tasks", []):
+        if row["suite"] not in DIMENSION_SUITES:
+            out[row["name"]] = Score.from_dict(row)
+    for row in summary.get("areas", []):
+        if row["suite"] in DIMENSION_SUITES:
+            out[row["name"]] = Score.from_dict(row)
+    return out
+
+
+def _interval(chal: Score, ref: Score, z: float) -> tuple[float, float, float]:
+    delta = chal.value - ref.value
+    half = z * math.sqrt(chal.stderr**2 + ref.stderr**2)
+    return delta, delta - half, delta + half
+
+
+def _compare(chal: Score, ref: Score, label: str, cfg, *, improve: bool) -> Check:
+    delta, lo, hi = _interval(chal, ref, cfg.z)
+    dimension = chal.suite in DIMENSION_SUITES
+    margin = cfg.business_margin if dimension else cfg.general_margin
+    if improve:
+        rule, passed = "must_improve", lo > 0
+        why = f"{chal.name} must improve on {label} but the interval [{lo:+.3f}, {hi:+.3f}] does not lie above 0"
+    else:
+        rule = "no_regression" if dimension else "non_inferior"
+        passed = (hi >= -margin) if cfg.mode == "noise_tolerant" else (lo >= -margin)
+        bound = "upper" if cfg.mode == "noise_tolerant" else "lower"
+        kind = "regressed" if dimension else "is inferior"
+        why = (f"{chal.name} {kind} against {label}: delta {delta:+.3f}, {bound} bound "
+               f"{hi if bound == 'upper' else lo:+.3f} < -{margin:.3f}")
+    return Check(chal.name, label, rule, chal.value, ref.value, delta, lo, hi, passed, "" if passed else why)
+
+
+def _floor_for(score: Score, cfg) -> float | None:
+    for key in (score.name, score.area, score.suite):
+        if key in cfg.floors:
+            return cfg.floors[key]
+    return cfg.default_floor
+
+
+def _floor(score: Score, floor: float, cfg) -> Check:
+    half = cfg.z * score.stderr
+    lo, hi = score.value - half, score.value + half
+    passed = (hi >= floor) if cfg.mode == "noise_tolerant" else (lo >= floor)
+    why = f"{score.name} scores {score.value:.3f} [{lo:.3f}, {hi:.3f}], below its floor {floor:.3f}"
+    return Check(score.name, "floor", "floor", score.value, floor, score.value - floor, lo, hi, passed,
+                 "" if passed else why)
+
+
+def _versions_match(a: dict, b: dict, label: str) -> list[Check]:
+    checks = []
+    for suite, info in a.get("suites", {}).items():
+        other = b.get("suites", {}).get(suite)
+        if other and other.get("version") != info.get("version"):
+            checks.append(Check(suite, label, "coverage", None, None, None, None, None, False,
+                                f"suite {suite} is v{info.get('version')} for the challenger but "
+                                f"v{other.get('version')} for {label}: re-evaluate {label} on the same version"))
+    return checks
+
+
+def compare(challenger: dict, champion: dict | None, cfg, *, challenger_label: str = "challenger",
+            champion_label: str = "champion", history: list[tuple[str, dict]] = ()) -> GateReport:
+    """Gate a challenger's eval summary against a champion's (or floors) and past champions'."""
+    mine = scores_of(challenger)
+    checks: list[Check] = []
+    notes: list[str] = []
+    references = ([(champion_label, champion, True)] if champion else []) + [(lbl, s, False) for lbl, s in history]
+    for label, summary, is_champion in references:
+        checks += _versions_match(challenger, summary, label)
+        theirs = scores_of(summary)
+        for name, ref in sorted(theirs.items()):
+            chal = mine.get(name)
+            if chal is None:
+                checks.append(Check(name, label, "coverage", None, ref.value, None, None, None, False,
+                                    f"{name} was evaluated for {label} but not for the challenger"))
+                continue
+            checks.append(_compare(chal, ref, label, cfg, improve=False))
+            if is_champion and name in cfg.must_improve:
+                checks.append(_compare(chal, ref, label, cfg, improve=True))
+    if champion is None:
+        notes.append("no champion: absolute floors apply")
+        for name, score in sorted(mine.items()):
+            floor = _floor_for(score, cfg)
+            if floor is not None:
+                checks.append(_floor(score, floor, cfg))
+        if not any(c.rule == "floor" for c in checks):
+            notes.append("no floors configured: nothing to hold a first release to (set eval.gate.floors)")
+    for dim in cfg.must_improve:
+        if dim not in mine:
+            checks.append(Check(dim, "config", "coverage", None, None, None, None, None, False,
+                                f"must_improve names '{dim}', which the challenger's eval does not contain"))
+    settings = cfg.model_dump(mode="json")
+    return GateReport(challenger_label, champion_label if champion else None, all(c.passed for c in checks), checks,
+                      [lbl for lbl, _ in history], settings, notes)

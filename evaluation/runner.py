@@ -1,0 +1,189 @@
+"""Deployment-form eval: serve the model version under its profile, run lm-eval through the endpoint, log it.
+
+Loglikelihood (multiple-choice) tasks go through `/v1/completions` as token-id requests (`local-completions`,
+chat template + system prompt rendered client-side with the model's own tokenizer); generation tasks go
+through `/v1/chat/completions` (`local-chat-completions`), where the server applies the template, the system
+prompt, the stop strings and the sampling defaults of the profile. Scores are logged only when every suite
+finished; a server that dies mid-run fails the run with its log attached.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from evaluation.process import ServerProcess
+from evaluation.profile import DeploymentProfile, check_template, choose_eval_profile, read_profile
+from evaluation.results import Score, metrics_for_tracking, summary, task_scores, write_samples
+from evaluation.suites import Suite, get_suites, task_config
+from mlops.lineage import Tag
+
+
+@dataclass(frozen=True)
+class EvalOutcome:
+    run_id: str
+    model_key: str
+    scores: list[Score]
+    summary: dict
+    wall_s: float
+    contamination: dict | None = None
+
+
+def _lm_eval(server: ServerProcess, hf_dir: Path, name: str, profile: DeploymentProfile, suites: list[Suite],
+             eval_cfg, cache_dir: Path | None, seed: int) -> dict:
+    """Run lm-eval in-process against the server; returns the merged lm-eval result dict."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    common = {"model": name, "max_length": profile.max_context, "num_concurrent": eval_cfg.concurrency,
+              "timeout": eval_cfg.request_timeout, "max_retries": 3, "seed": profile.sampling.seed or seed}
+    mc = [task_config(s, t) for s in suites for t in s.tasks if t.kind == "multiple_choice"]
+    gen = [task_config(s, t) for s in suites for t in s.tasks if t.kind == "generate"]
+    options = {"task_manager": TaskManager(include_defaults=False), "limit": eval_cfg.limit, "log_samples": True,
+               "bootstrap_iters": eval_cfg.bootstrap_iters, "random_seed": seed, "numpy_random_seed": seed,
+               "torch_random_seed": seed, "fewshot_random_seed": seed}
+    merged: dict = {"results": {}, "samples": {}, "n-samples": {}, "configs": {}, "versions": {}}
+    if mc:
+        result = simple_evaluate(
+            model="local-completions",
+            model_args={**common, "base_url": f"{server.url}/v1/completions", "tokenizer": str(hf_dir),
+                        "tokenizer_backend": "huggingface", "tokenized_requests": True,
+                        "batch_size": eval_cfg.batch_size},
+            tasks=mc, apply_chat_template=eval_cfg.chat_template_mc,
+            system_instruction=profile.system_prompt if eval_cfg.chat_template_mc else None,
+            use_cache=str(cache_dir / "loglikelihood") if cache_dir else None, **options,
+        )
+        _merge(merged, result)
+        server.check_alive()
+    if gen:
+        sampling = profile.sampling
+        gen_kwargs = {"temperature": sampling.temperature, **({"top_p": sampling.top_p} if sampling.top_p < 1 else {})}
+        result = simple_evaluate(
+            model="local-chat-completions",
+            model_args={**common, "base_url": f"{server.url}/v1/chat/completions",
+                        "max_gen_toks": sampling.max_tokens},
+            tasks=gen, apply_chat_template=True, gen_kwargs=gen_kwargs,
+            use_cache=str(cache_dir / "generate") if cache_dir else None, **options,
+        )
+        _merge(merged, result)
+        server.check_alive()
+    return merged
+
+
+def _merge(merged: dict, result: dict | None) -> None:
+    if result is None:
+        raise RuntimeError("lm-eval returned no results")
+    for key in merged:
+        merged[key].update(result.get(key) or {})
+
+
+def run_eval(cfg, ref: str, *, suites: list[str] | str | None = None, profile_path: Path | None = None,
+             force_profile: bool = False, on_server: Callable[[ServerProcess], None] | None = None) -> EvalOutcome:
+    """Evaluate a model ref in deployment form and log it to an MLflow run linked to the model version."""
+    from mlops.config import config_hash, require_section, resolved_yaml
+    from mlops.lineage import collect_lineage, enforce_release
+    from mlops.paths import mlops_dir
+    from mlops.tracking import tracked_run
+    from registry.versions import resolve_model_ref, set_version_tags
+
+    eval_cfg = require_section(cfg, "eval")
+    model = resolve_model_ref(ref)  # fails before anything starts
+    suite_objs = get_suites(suites or eval_cfg.suites, eval_cfg.suite_paths)
+    released = model.profile()
+    proposed = read_profile(profile_path) if profile_path else None
+    profile, diffs = choose_eval_profile(released, proposed, force=force_profile)
+    template_problem = check_template(profile, model.hf_dir)
+    if template_problem and not force_profile:
+        from evaluation.profile import ProfileMismatchError
+
+        raise ProfileMismatchError(
+            f"{template_problem}: the model would be served with another template than its profile names. "
+            "Fix: store a profile made for this tokenizer with the model, or pass --force-profile (labelled)."
+        )
+    forced = bool(diffs or template_problem)
+    labels = sorted({s.label for s in suite_objs})
+    lineage = collect_lineage(
+        config_hash(cfg), cfg.run.seed,
+        base_model=model.run_tags.get(Tag.BASE_MODEL), base_model_id=model.run_tags.get(Tag.BASE_MODEL_ID),
+        snapshot_id=model.snapshot_id,
+        extra={Tag.STAGE: "eval", Tag.MODEL_REF: ref, Tag.MODEL_KEY: model.key, Tag.SOURCE_RUN: model.run_id,
+               Tag.PROFILE_HASH: profile.profile_hash(), Tag.SUITE_VERSION: ",".join(labels),
+               Tag.EVAL_FORCED_PROFILE: str(forced).lower(), Tag.RELEASE: str(cfg.run.release).lower()},
+    )
+    enforce_release(lineage, cfg.run.release)
+    work = mlops_dir() / "eval" / f"{model.key}-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**6}"
+    work.mkdir(parents=True, exist_ok=True)
+    profile_file = profile.save_as(work / "deployment_profile.yaml")
+    cache_dir = mlops_dir() / "eval-cache" / model.key / profile.profile_hash() if eval_cfg.use_cache else None
+    run_name = cfg.run.run_name or f"eval {model.served_name}" + (" [FORCED PROFILE]" if forced else "")
+    tags = {k: v for k, v in lineage.as_tags().items() if v not in (None, "None")}
+    with tracked_run(cfg.run.experiment, run_name=run_name, tags=tags) as run:
+        started = time.perf_counter()
+        run.log_text(resolved_yaml(cfg), "config/resolved.yaml")
+        run.log_text(profile.to_yaml(), "eval/deployment_profile.yaml")
+        if diffs:
+            run.log_text("\n".join(diffs), "eval/forced_profile_differences.txt")
+        run.log_params({
+            "model_ref": ref, "model_key": model.key, "suites": ",".join(labels), "limit": eval_cfg.limit,
+            "served_chat_template_hash": profile.chat_template_hash, "system_prompt": profile.system_prompt,
+            "temperature": profile.sampling.temperature, "top_p": profile.sampling.top_p,
+            "max_tokens": profile.sampling.max_tokens, "sampling_seed": profile.sampling.seed,
+            "max_context": profile.max_context, "stop": json.dumps(profile.stop), "profile_hash": profile.profile_hash(),
+            **{f"suite.{s.name}.version": s.version for s in suite_objs},
+            **{f"suite.{s.name}.fingerprint": s.fingerprint[:16] for s in suite_objs},
+        })
+        server = ServerProcess(model.hf_dir, profile_file, model.served_name, work / "server.log",
+                               force_profile=forced)
+        try:
+            with server:
+                server.start(eval_cfg.server_start_timeout)
+                served_at = time.perf_counter()
+                if on_server:
+                    on_server(server)
+                results = _lm_eval(server, model.hf_dir, model.served_name, profile, suite_objs, eval_cfg,
+                                   cache_dir, cfg.run.seed)
+        except BaseException as err:
+            run.log_artifact(server.log_path, "eval")
+            if not server.alive() and not isinstance(err, KeyboardInterrupt):
+                from evaluation.process import ServerError
+
+                if isinstance(err, ServerError):
+                    raise
+                raise ServerError(
+                    f"the model server died during the eval ({type(err).__name__}: {str(err)[:300]}); "
+                    f"no scores were recorded. Its log ends with:\n{server.log_tail()}"
+                ) from err
+            raise
+        wall = time.perf_counter() - started
+        scores = task_scores(results, suite_objs)
+        doc = summary(scores, suite_objs, {"model_ref": ref, "model_key": model.key, "profile_hash":
+                      profile.profile_hash(), "forced_profile": forced, "run_id": run.run_id})
+        run.log_metrics({**metrics_for_tracking(results, suite_objs, scores), "eval_wall_s": wall,
+                         "eval_lm_eval_s": time.perf_counter() - served_at}, step=0)
+        for path in write_samples(results, work / "samples"):
+            run.log_artifact(path, "eval/samples")
+        run.log_dict({k: results[k] for k in ("results", "n-samples", "versions")}, "eval/lm_eval_results.json")
+        run.log_dict(doc, "eval/summary.json")
+        run.log_artifact(server.log_path, "eval")
+        contamination = None
+        if eval_cfg.contamination.enabled:
+            from evaluation.contamination import contamination_for_model
+
+            contamination = contamination_for_model(model, suite_objs, eval_cfg.contamination)
+            run.log_dict(contamination, "eval/contamination.json")
+            run.set_tags(contamination_tags(contamination))
+            set_version_tags(model, contamination_tags(contamination))
+        set_version_tags(model, {Tag.EVAL_RUN: run.run_id})
+        return EvalOutcome(run.run_id, model.key, scores, doc, wall, contamination)
+
+
+def contamination_tags(report: dict) -> dict[str, str]:
+    offending = [item["id"] for item in report.get("offending", [])]
+    return {
+        Tag.CONTAMINATION_STATUS: report["status"],
+        Tag.CONTAMINATION_COUNT: str(len(offending)) if report["status"] == "checked" else "unknown",
+        Tag.CONTAMINATION_ITEMS: ",".join(offending)[:4000] if offending else "",
+    }
