@@ -68,9 +68,9 @@ def symbol_ratio(text: str) -> float:
     if not chars:
         return 0.0
     odd = sum(1 for c in chars if not c.isalnum() and c not in PLAIN_PUNCT)
-    # Long runs of plain punctuation ("!!!!!!", "#####") are garbage too.
-    runs = sum(len(m.group(0)) for m in re.finditer(r"([^\w\s])\1{2,}", text))
-    return (odd + runs) / len(chars)
+    # Runs of plain punctuation ("!!!!", "$$$$") are garbage too; odd symbols are already counted.
+    runs = sum(len(m.group(0)) for m in re.finditer(r"([^\w\s])\1{2,}", text) if m.group(1) in PLAIN_PUNCT)
+    return min(1.0, (odd + runs) / len(chars))
 
 
 @FILTERS.register("symbol_ratio")

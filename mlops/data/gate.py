@@ -96,12 +96,21 @@ def _failure(res: Any) -> dict:
         "expectation": config.type,
         "column": config.kwargs.get("column"),
         "unexpected_count": result.get("unexpected_count"),
-        "observed_value": result.get("observed_value"),
+        "observed_value": _plain(result.get("observed_value")),
         "examples": [str(v)[:120] for v in partial[:3]],
     }
     if res.exception_info and res.exception_info.get("raised_exception"):
         out["exception"] = str(res.exception_info.get("exception_message"))[:300]
-    return {k: v for k, v in out.items() if v not in (None, [])}
+    return {k: v for k, v in out.items() if v is not None and not (isinstance(v, list) and not v)}
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready: GE reports numpy values for some expectations."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, list):
+        return [_plain(v) for v in value][:20]
+    return value
 
 
 class Gate:

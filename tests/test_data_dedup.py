@@ -1,0 +1,100 @@
+"""Exact and near dedup, decontamination and mixing: what they catch and what they keep."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from mlops.data.decontam import EvalIndex, resolve_eval_sets
+from mlops.data.dedup import ExactIndex, NearIndex, exact_hash, load_prior, save_index, signature
+from mlops.data.mixing import history_take, interleave, plan_mix, select
+from mlops.errors import ConfigError
+
+BASE = ("My router lights blink orange since the storm on Monday and the internet drops every evening "
+        "around eight, I already restarted it twice and checked the cables behind the TV.")
+SIMILAR = ("My router lights blink orange since the storm on Monday and the internet drops every evening "
+           "around eight, I already restarted it two times and checked the cables behind the TV.")
+DIFFERENT = ("I was charged twice for my March invoice and the promised discount is missing, please refund "
+             "the duplicate charge to the card ending in the same digits as last time.")
+
+
+def test_exact_dedup_matches_normalised_text_only():
+    index = ExactIndex()
+    assert index.check_add(exact_hash("Hello, World!  How are you?"), "a") is None
+    assert index.check_add(exact_hash("hello world how are you"), "b") == "a"  # case, punctuation, spacing
+    assert index.check_add(exact_hash("hello world how are you today"), "c") is None
+
+
+def test_near_dedup_catches_light_edits_and_keeps_different_texts():
+    near = NearIndex(threshold=0.7, num_perm=128)
+    assert near.check_add(signature(BASE, 128, 3), "base") is None
+    assert near.check_add(signature(SIMILAR, 128, 3), "similar") == "base"
+    assert near.check_add(signature(DIFFERENT, 128, 3), "different") is None
+    # The same topic in other words is not a duplicate.
+    other = ("Since Monday's storm the orange light on my modem flashes; evenings are the worst, the connection "
+             "fails at eight. Rebooting did not help.")
+    assert near.check_add(signature(other, 128, 3), "other") is None
+
+
+def test_earlier_snapshot_counts_as_seen(tmp_path):
+    params = {"num_perm": 128, "shingle": 3, "threshold": 0.7, "scheme": "affine32"}
+    save_index(tmp_path, [exact_hash(BASE)], [signature(BASE, 128, 3)], params)
+    exact, near = ExactIndex(), NearIndex(0.7, 128)
+    assert load_prior(tmp_path, "snap-old", params, exact, near) == 1
+    assert exact.check_add(exact_hash(BASE.upper()), "new") == "snap-old#0"
+    assert near.check_add(signature(SIMILAR, 128, 3), "new2") == "snap-old#0"
+    assert near.check_add(signature(DIFFERENT, 128, 3), "new3") is None
+    with pytest.raises(ConfigError, match="num_perm=128"):
+        load_prior(tmp_path, "snap-old", {**params, "num_perm": 64}, ExactIndex(), NearIndex(0.7, 64))
+
+
+def test_decontam_reports_the_eval_item(tmp_path):
+    evals = tmp_path / "suites" / "support.jsonl"
+    evals.parent.mkdir()
+    items = [{"id": "q1", "prompt": "A customer says their router lights blink orange after a storm and the internet "
+                                    "is down. What should they check first?", "choices": ["Cables", "Nothing"]},
+             {"id": "q2", "prompt": "How many days do I have to return an item bought online?"}]
+    evals.write_text("\n".join(json.dumps(i) for i in items) + "\n")
+    files, unmatched = resolve_eval_sets(["suites/**/*.jsonl", "missing/*.jsonl"], tmp_path)
+    assert files == [evals] and unmatched == ["missing/*.jsonl"]
+    index = EvalIndex(n=13, min_words=8)
+    assert index.add_file(evals, "suites/support.jsonl") == 2
+    leak = "Hi! a customer says their router lights blink orange after a storm and the internet is down, help"
+    ref, gram = index.find(leak)
+    assert ref == {"eval_file": "suites/support.jsonl", "eval_line": 1, "eval_id": "q1"}
+    assert len(gram.split()) == 13
+    short_leak = "Quick one: how many days do I have to return an item bought online? Thanks"
+    assert index.find(short_leak)[0]["eval_id"] == "q2"  # shorter than 13 words: matched whole
+    assert index.find("My router blinks orange after the storm; what should I check?") is None
+    assert index.find("Cables") is None  # short answer choices are not leaks
+
+
+def test_mix_plan_meets_target_ratios_with_the_data_available():
+    plan = plan_mix({"general": 500, "domain": 350, "safety": 40, "extra": 9}, {"general": 0.5, "domain": 0.4, "safety": 0.1})
+    assert plan.take == {"domain": 160, "general": 200, "safety": 40}  # safety limits the total
+    assert plan.dropped_domains == {"extra": 9}
+    with pytest.raises(ConfigError, match="format"):
+        plan_mix({"general": 10}, {"general": 0.9, "format": 0.1})
+    natural = plan_mix({"a": 3, "b": 1}, {})
+    assert natural.take == {"a": 3, "b": 1} and natural.targets == {"a": 0.75, "b": 0.25}
+
+
+def test_selection_takes_exactly_and_interleave_keeps_shares_in_every_prefix():
+    rng = np.random.default_rng(0)
+    chosen = list(select(iter(range(100)), 100, 37, rng))
+    assert len(chosen) == 37 and chosen == sorted(set(chosen))
+    take = {"a": 60, "b": 30, "c": 10}
+    picks = [d for d, _ in interleave({d: iter(range(n)) for d, n in take.items()}, take)]
+    assert Counter(picks) == take
+    for end in range(10, 101, 10):
+        counts = Counter(picks[:end])
+        for d, n in take.items():
+            assert abs(counts[d] - end * n / 100) <= 1
+
+
+def test_history_ratio():
+    assert history_take(700, 0.3, 10_000) == 300  # 7:3
+    assert history_take(700, 0.3, 120) == 120  # capped by what the snapshot holds

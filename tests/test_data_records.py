@@ -1,0 +1,90 @@
+"""Sources to records: three shapes in three formats, and every kind of bad input named by file and line."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from mlops.data.format import file_sha256
+from mlops.data.records import Issue, Record, SourceChangedError, read_source, record_id
+
+CHAT = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"},
+                     {"role": "assistant", "content": "Hello."}], "domain": "safety"}
+INSTRUCTION = {"instruction": "Summarise.", "input": "Long ticket text.", "output": "Short."}
+TEXT = {"text": "Knowledge base article."}
+
+
+def read(path, fmt="jsonl", domain="general"):
+    return list(read_source(path, path.name, fmt, domain, file_sha256(path)))
+
+
+def test_three_shapes_become_one_record_type(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in (CHAT, INSTRUCTION, TEXT)) + "\n")
+    chat, instruction, text = read(path, domain="domain")
+    assert isinstance(chat, Record) and chat.kind == "chat" and chat.domain == "safety" and chat.line == 1
+    assert instruction.kind == "instruction" and instruction.domain == "domain"  # source default
+    assert instruction.messages == [{"role": "user", "content": "Summarise.\n\nLong ticket text."},
+                                    {"role": "assistant", "content": "Short."}]
+    assert text.kind == "text" and text.messages == [{"role": "text", "content": "Knowledge base article."}]
+    assert chat.record_id == record_id("chat", chat.messages)  # content id: stable across files and lines
+    again = tmp_path / "again.jsonl"
+    again.write_text("\n" + json.dumps(CHAT) + "\n")
+    assert read(again)[0].record_id == chat.record_id
+
+
+def test_parquet_and_csv_sources(tmp_path):
+    pq = tmp_path / "ins.parquet"
+    pd.DataFrame([INSTRUCTION, {**INSTRUCTION, "output": "Other."}]).to_parquet(pq)
+    rows = read(pq, "parquet")
+    assert [r.line for r in rows] == [1, 2] and all(r.kind == "instruction" for r in rows)
+    csv = tmp_path / "legacy.csv"
+    pd.DataFrame({"messages": [json.dumps(CHAT["messages"])], "domain": ["domain"]}).to_csv(csv, index=False)
+    (record,) = read(csv, "csv")
+    assert record.kind == "chat" and record.domain == "domain" and record.line == 2
+
+
+@pytest.mark.parametrize(
+    ("raw", "field", "problem"),
+    [
+        (b'{"messages": [', "", "malformed JSON"),
+        ('{"text": "caf\u00e9"}'.encode("latin-1"), "", "not UTF-8: byte 0xe9 at column 14"),
+        (b'{"question": "q", "answer": "a"}', "", "unknown record shape with keys [answer, question]"),
+        (b'{"instruction": "Summarise", "input": "x"}', "output", "missing field 'output'"),
+        (b'{"messages": [{"role": "bot", "content": "x"}]}', "messages[0].role", "unknown role 'bot'"),
+        (b'{"messages": [{"role": "user"}]}', "messages[0].content", "missing field 'content'"),
+        (b'{"text": 42}', "text", "'text' is int"),
+        (b'[1, 2]', "", "must be a JSON object"),
+    ],
+)
+def test_bad_rows_are_reported_with_file_line_and_field(tmp_path, raw, field, problem):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(json.dumps(TEXT).encode() + b"\n" + raw + b"\n" + json.dumps(TEXT).encode() + b"\n")
+    good1, issue, good2 = read(path)
+    assert isinstance(good1, Record) and isinstance(good2, Record) and good2.line == 3
+    assert isinstance(issue, Issue) and (issue.file, issue.line, issue.field) == ("bad.jsonl", 2, field)
+    assert problem in issue.problem
+    assert issue.message().startswith("bad.jsonl, line 2") and "Fix:" in issue.message()
+
+
+def test_empty_source_is_reported(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n\n")
+    (issue,) = read(path)
+    assert "empty" in issue.problem and issue.file == "empty.jsonl"
+
+
+def test_source_changed_while_reading_stops_the_build(tmp_path):
+    path = tmp_path / "live.jsonl"
+    path.write_text("\n".join(json.dumps({"text": f"record {i}"}) for i in range(5)) + "\n")
+    rows = read_source(path, "live.jsonl", "jsonl", "general", file_sha256(path))
+    assert next(rows).line == 1
+    with path.open("a") as fh:  # another process appends while we read
+        fh.write(json.dumps({"text": "late record"}) + "\n")
+    with pytest.raises(SourceChangedError, match=r"live.jsonl' changed while it was being read \(noticed after line 6"):
+        list(rows)
+    stale = read_source(path, "live.jsonl", "jsonl", "general", "0" * 64)  # changed after it was hashed
+    with pytest.raises(SourceChangedError):
+        list(stale)
