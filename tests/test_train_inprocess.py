@@ -135,3 +135,20 @@ def test_report_can_stop_training_cleanly(make_cfg):
     result, tracker = run(make_cfg("stop"), report=report)
     assert result.stopped and result.steps == 4 and seen[0][0] == 4
     assert tracker.status == "FINISHED" and tracker.tags[Tag.STOP_REASON] == "pruned"
+
+
+def test_smoke_run_passes_when_loss_falls_and_fails_under_the_throughput_floor(make_cfg):
+    from training.final import SmokeFailed
+    from training.prepare import prepare
+    from training.trainer import train
+
+    cfg = make_cfg("smoke", **{"train.smoke.steps": 20, "train.smoke.min_loss_drop": 0.02, "train.lr": 3e-3})
+    tracker = MemoryTracker()
+    result = train(cfg, tracker, prepared=prepare(cfg, smoke=True))
+    assert result.steps == 20 and result.model_dir is None and tracker.tags[Tag.SMOKE] == "passed"
+    assert result.metrics["loss_last"] < 0.98 * result.metrics["loss_first"]
+    cfg = make_cfg("slow", **{"train.smoke.steps": 6, "train.smoke.min_tokens_per_s": 1e12})
+    tracker = MemoryTracker()
+    with pytest.raises(SmokeFailed, match="throughput .* under the floor"):
+        train(cfg, tracker, prepared=prepare(cfg, smoke=True))
+    assert tracker.status == "FAILED" and tracker.tags[Tag.SMOKE] == "failed"
