@@ -32,7 +32,7 @@ def quick_config(sources: list[str | Path], base_model: str | Path, seed: int = 
     from mlops.config import validate_config
 
     section = {
-        "sources": [{"path": str(p)} for p in sources], "batch_size": 16, "seq_len": 128, "workers": 1,
+        "sources": [{"path": str(p)} for p in sources], "batch_size": 16, "seq_len": 256, "workers": 1,
         "validation_fraction": 0.1,
     }
     return validate_config({"base_model": str(base_model), "run": {"seed": seed, "experiment": "data-tests"},

@@ -1,0 +1,196 @@
+"""The whole build on small inputs: manifest, tracking, gate quarantine, no-op rebuilds, incremental mode,
+bad input policy and crash safety."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlops.data.batches import GateError
+from mlops.data.format import SnapshotReader, read_manifest
+from mlops.data.records import BadInputError
+from mlops.data.sample import Gen
+from mlops.data.snapshot import list_snapshots, verify_snapshot
+from mlops.data.testing import chat, quick_build
+from mlops.lineage import Tag
+from mlops.tracking import MemoryTracker
+
+
+def good_records(n: int, seed: int = 1) -> list[dict]:
+    g = Gen(seed)
+    return [g.support() if i % 2 else g.general() for i in range(n)]
+
+
+def all_meta(folder: Path) -> list[dict]:
+    return [m for split in ("train", "validation") for m in SnapshotReader(folder, split).iter_meta()]
+
+
+@pytest.fixture
+def build(tiny_model, tmp_path, mlops_home):
+    def run(records, **kwargs):
+        kwargs.setdefault("workdir", tmp_path)
+        return quick_build(records, base_model=tiny_model["path"], **kwargs)
+
+    return run
+
+
+def test_build_cleans_and_describes_everything_in_the_manifest(build, tmp_path):
+    records = good_records(30)
+    leak_q = "A customer says their router lights blink orange after a storm and the internet is down. What now?"
+    evals = tmp_path / "evals.jsonl"
+    evals.write_text(json.dumps({"id": "sup-001", "prompt": leak_q}) + "\n")
+    records += [
+        chat("Please update my email to jane.doe@example.com and call +1 415-555-0132 today.",
+             "Done, both are updated on your profile now."),
+        dict(records[3]),  # exact duplicate
+        {**records[5], "messages": [*records[5]["messages"][:-1],
+                                    {"role": "assistant", "content": records[5]["messages"][-1]["content"] + " Cheers."}]},
+        chat("▒░▓ ��� ■□ ^^^ ¤¤¤ ~~~ ||| ▀▄ " * 4, "Noted, we will look into it."),
+        chat(f"Hello! {leak_q}", "Check the cables first, then restart the router."),
+        {"text": "Knowledge base: unplug the router for ten seconds, then plug it back in and wait."},
+    ]
+    tracker = MemoryTracker()
+    result = build(records, tracker=tracker, decontam={"eval_sets": [str(evals)]})
+    m = result.manifest
+    c = m["counters"]
+    assert (c["pii.email"], c["pii.phone"], c["dedup.exact"], c["filter.symbol_ratio"], c["decontam.eval_overlap"]) == (
+        1, 1, 1, 1, 1)
+    assert c["dedup.near"] >= 1
+    assert m["decontam"]["examples"][0]["eval_id"] == "sup-001"
+    kept = c["cleaning.kept"]
+    assert sum(m["counts"]["samples"].values()) == kept and m["counts"]["samples"]["validation"] >= 1
+    assert m["tokenizer"]["vocab_hash"] and m["tokenizer"]["chat_template_hash"] and m["pipeline"]["git_commit"]
+    assert m["sources"][0]["sha256"] and m["sources"][0]["records"] == len(records)
+    assert all(b["status"] == "passed" for b in m["batches"]) and m["gate"]["suite"] == "snapshot_batch@v1"
+    per_domain = m["counts"]["per_domain"]["train"]
+    assert set(per_domain) <= {"general", "domain"} and all(v["loss_tokens"] > 0 for v in per_domain.values())
+    assert m["created_at"] and m["config_hash"] and m["snapshot_id"] == result.path.name
+    # PII never reaches the shards; the scrubbed record does.
+    texts = [" ".join(msg["content"] for msg in r["messages"]) for r in map(json.loads, (
+        result.path / "quarantine" / "records.jsonl").read_text().splitlines())]
+    assert not any("@example.com" in t for t in texts)
+    assert tracker.tags[str(Tag.SNAPSHOT_ID)] == result.snapshot_id
+    assert tracker.artifacts[f"input:{m['name']}"]["digest"] == result.snapshot_id
+    assert "snapshot/manifest.json" in tracker.artifacts
+    assert verify_snapshot(result.snapshot_id)["ok"]
+
+
+def test_bad_batch_is_quarantined_with_its_ge_report_while_the_rest_builds(build):
+    records = good_records(40)
+    records.insert(17, Gen(3).token_dense())  # clean text, but far more tokens than seq_len
+    result = build(records, seq_len=256, batch_size=10, gate={"on_batch_failure": "quarantine"})
+    m = result.manifest
+    bad = [b for b in m["batches"] if b["status"] == "quarantined"]
+    assert len(bad) == 1 and len(m["batches"]) >= 4
+    assert {(f["expectation"], f["column"]) for f in bad[0]["failed"]} == {
+        ("expect_column_values_to_be_between", "n_tokens")}
+    report = json.loads((result.path / bad[0]["report"]).read_text())
+    assert report["success"] is False and report["suite_name"] == "snapshot_batch@v1"
+    quarantined = [json.loads(x) for x in (result.path / bad[0]["report"]).with_name("records.jsonl").read_text().splitlines()]
+    assert len(quarantined) == bad[0]["records"] and max(q["n_tokens"] for q in quarantined) > 256
+    written = {m_["id"] for m_ in all_meta(result.path)}
+    assert written.isdisjoint({q["record_id"] for q in quarantined})
+    assert len(written) == m["counters"]["cleaning.kept"] - bad[0]["records"]
+    assert m["gate"]["quarantined"] == 1 and m["counters"]["gate.records_quarantined"] == bad[0]["records"]
+
+
+def test_failing_batch_with_fail_policy_stops_and_leaves_no_snapshot(build, mlops_home):
+    records = good_records(12)
+    records.insert(3, Gen(3).token_dense())
+    with pytest.raises(GateError, match=r"failed expectation suite snapshot_batch@v1: .*n_tokens"):
+        build(records, seq_len=256, batch_size=8)
+    root = mlops_home / ".mlops" / "snapshots"
+    assert list_snapshots() == []
+    assert not [p for p in root.iterdir() if p.name.startswith(".staging")]
+    kept = list((root / ".failed").iterdir())
+    assert len(kept) == 1 and (kept[0] / "validation.json").exists()
+
+
+def test_rebuild_is_a_noop_with_the_same_id(build):
+    records = good_records(24)
+    first = build(records)
+    manifest_mtime = (first.path / "manifest.json").stat().st_mtime_ns
+    second = build(records)
+    assert second.noop and second.snapshot_id == first.snapshot_id
+    assert (first.path / "manifest.json").stat().st_mtime_ns == manifest_mtime
+    forced = build(records, force=True)  # really rebuilt: same bytes, same id
+    assert not forced.noop and forced.snapshot_id == first.snapshot_id
+    other = build(records, seed=99)
+    assert other.snapshot_id != first.snapshot_id  # the split and the order depend on the seed
+
+
+def test_resumed_reader_yields_the_same_samples_as_an_uninterrupted_read(build):
+    result = build(good_records(30))
+    full = SnapshotReader(result.path)
+    n = len(full)
+    stream = list(itertools.islice(full.global_order(seed=5), 2 * n + 3))
+    for k in (0, 1, n - 1, n, n + 2, 2 * n):
+        resumed = SnapshotReader(result.path).global_order(seed=5, start=k)
+        for (g, i), (g2, i2) in zip(stream[k:], resumed, strict=False):
+            assert (g, i) == (g2, i2)
+            a, b = full.get(i), SnapshotReader(result.path).get(i2)
+            assert a.sample_id == b.sample_id and np.array_equal(a.input_ids, b.input_ids)
+
+
+def test_mixing_targets_and_achieved_ratios_are_recorded(build):
+    g = Gen(4)
+    records = [g.general() for _ in range(30)] + [g.safety() for _ in range(30)] + [g.support() for _ in range(30)]
+    ratios = {"general": 0.5, "safety": 0.25, "domain": 0.25}
+    m = build(records, mix={"ratios": ratios}).manifest
+    mixing = m["mixing"]
+    assert mixing["targets"] == {"domain": 0.25, "general": 0.5, "safety": 0.25}
+    take = mixing["take"]
+    assert take["general"] == 2 * take["safety"] and abs(take["domain"] - take["safety"]) <= 1
+    assert all(abs(mixing["achieved"][d] - t) < 0.02 for d, t in mixing["targets"].items())
+    assert m["counters"]["mix.not_selected.domain"] > 0
+
+
+def test_incremental_build_mixes_history_and_drops_what_it_has_seen(build, tmp_path):
+    old = build(good_records(40, seed=1), name="old.jsonl")
+    new_records = good_records(30, seed=2) + good_records(40, seed=1)[:5]  # 5 already in the old snapshot
+    result = build(new_records, name="new.jsonl", mix={"history": {"snapshot": old.snapshot_id, "ratio": 0.3}})
+    m = result.manifest
+    assert m["counters"]["dedup.exact_of_snapshot"] == 5
+    history = m["mixing"]["history"]
+    assert history["snapshot"] == old.snapshot_id and abs(history["achieved_ratio"] - 0.3) < 0.05
+    sources = {meta["source"] for meta in SnapshotReader(result.path).iter_meta()}
+    assert sources == {f"snapshot:{old.snapshot_id}", str(tmp_path / "new.jsonl")}
+    again = build(good_records(30, seed=2), name="again.jsonl", dedup={"against_snapshots": [result.snapshot_id]})
+    assert again.manifest["counters"]["dedup.exact_of_snapshot"] == 30
+
+
+def test_bad_input_fails_or_is_quarantined_by_policy(build, tmp_path):
+    records = good_records(10) + ['{"messages": [', {"question": "?"}]
+    with pytest.raises(BadInputError, match=r"records.jsonl, line 11: malformed JSON"):
+        build(records)
+    m = build(records, on_bad_record="skip").manifest
+    assert m["counters"]["bad_input.malformed_json"] == 1 and m["counters"]["bad_input.unknown_shape"] == 1
+    assert [(i["line"], i["code"]) for i in m["issues"]["listed"]] == [(11, "malformed_json"), (12, "unknown_shape")]
+
+
+def test_a_build_that_dies_half_way_leaves_nothing_that_looks_complete(build, mlops_home, monkeypatch):
+    from mlops.data import batches
+
+    def crash(self):
+        raise RuntimeError("killed while writing shards")
+
+    monkeypatch.setattr(batches.BatchWriter, "close", crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        build(good_records(12))
+    root = mlops_home / ".mlops" / "snapshots"
+    assert list_snapshots() == [] and not [p for p in root.iterdir() if p.name.startswith(".staging")]
+    monkeypatch.undo()
+    result = build(good_records(12))  # the next build is not fooled by the crash
+    assert not result.noop and read_manifest(result.path)["complete"]
+
+
+@pytest.mark.slow
+def test_two_workers_give_the_same_snapshot_as_one(build):
+    records = good_records(60)
+    one = build(records, workers=1)
+    two = build(records, workers=2, force=True)
+    assert one.snapshot_id == two.snapshot_id
