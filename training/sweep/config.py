@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from mlops.config import StrictModel, volatile
+from mlops.config import HASH_EXCLUDED, StrictModel, volatile
 
 
 class ParamSpec(StrictModel):
@@ -45,6 +45,10 @@ class SweepConfig(StrictModel):
     params: dict[str, ParamSpec] = Field(
         default_factory=dict, description="parameters that add to or override the registered space, by name"
     )
+    enqueue: list[dict[str, Any]] = Field(
+        default_factory=list, json_schema_extra={HASH_EXCLUDED: True},
+        description="trials to run first with fixed params (e.g. today's production settings)",
+    )
     objective: str = Field("val_loss", description="trainer metric, or eval/<suite>/<metric> (deployment-form eval)")
     direction: Literal["minimize", "maximize"] = "minimize"
     pruner: PrunerSection = Field(default_factory=PrunerSection)
@@ -57,6 +61,7 @@ class SweepConfig(StrictModel):
     )
     retry_failed: int = volatile(0, ge=0, description="requeue a trial whose worker died, up to N times")
     keep_checkpoints: bool = volatile(False, description="keep each finished trial's checkpoints")
+    register_best: bool = volatile(False, description="register the best trial's model as a candidate at the end")
     register_name: str | None = volatile(None, description="registered model name for --register (default: study)")
 
     @field_validator("pruner", mode="before")
