@@ -194,3 +194,19 @@ def test_two_workers_give_the_same_snapshot_as_one(build):
     one = build(records, workers=1)
     two = build(records, workers=2, force=True)
     assert one.snapshot_id == two.snapshot_id
+
+
+def test_packing_puts_several_records_in_one_sequence(build):
+    records = good_records(30)
+    padded = build(records)
+    packed = build(records, pack=True, seq_len=512)
+    n_padded = sum(padded.manifest["counts"]["samples"].values())
+    n_packed = sum(packed.manifest["counts"]["samples"].values())
+    assert n_packed < n_padded / 2
+    reader = SnapshotReader(packed.path)
+    metas = list(reader.iter_meta())
+    assert sum(len(m["records"]) for m in metas) == packed.manifest["counts"]["per_split"]["train"]["records"]
+    sample = reader.get(0)
+    assert sample.attention_mask.sum() <= 512 and 0 < sample.loss_mask.sum() < sample.attention_mask.sum()
+    tokens = packed.manifest["counts"]["per_split"]["train"]["loss_tokens"]
+    assert sum(int(reader.get(i).loss_mask.sum()) for i in range(len(reader))) == tokens

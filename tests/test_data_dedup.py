@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mlops.data.decontam import EvalIndex, resolve_eval_sets
-from mlops.data.dedup import ExactIndex, NearIndex, exact_hash, load_prior, save_index, signature
+from mlops.data.dedup import ExactIndex, Keys, NearIndex, exact_hash, load_prior, save_index, signature
 from mlops.data.mixing import history_take, interleave, plan_mix, select
 from mlops.errors import ConfigError
 
@@ -42,11 +42,13 @@ def test_near_dedup_catches_light_edits_and_keeps_different_texts():
 def test_earlier_snapshot_counts_as_seen(tmp_path):
     params = {"num_perm": 128, "shingle": 3, "threshold": 0.7, "scheme": "affine32"}
     save_index(tmp_path, [exact_hash(BASE)], [signature(BASE, 128, 3)], params)
-    exact, near = ExactIndex(), NearIndex(0.7, 128)
+    keys = Keys()
+    exact, near = ExactIndex(keys), NearIndex(0.7, 128, keys)
     assert load_prior(tmp_path, "snap-old", params, exact, near) == 1
     assert exact.check_add(exact_hash(BASE.upper()), "new") == "snap-old#0"
     assert near.check_add(signature(SIMILAR, 128, 3), "new2") == "snap-old#0"
-    assert near.check_add(signature(DIFFERENT, 128, 3), "new3") is None
+    assert near.check_add(signature(DIFFERENT, 128, 3), "r-00000000000000ff") is None
+    assert near.check_add(signature(DIFFERENT + " ok", 128, 3), "r-0000000000000100") == "r-00000000000000ff"
     with pytest.raises(ConfigError, match="num_perm=128"):
         load_prior(tmp_path, "snap-old", {**params, "num_perm": 64}, ExactIndex(), NearIndex(0.7, 64))
 

@@ -7,12 +7,14 @@ import hashlib
 import json
 import os
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mlops.data.format import SPLITS, Packer, ShardWriter, SnapshotReader, atomic_write_json
+from mlops.data.dedup import IndexWriter
+from mlops.data.format import SPLITS, ShardWriter, SnapshotReader, atomic_write_json
 from mlops.data.gate import Gate, share_deviation
 from mlops.data.inputs import Inputs
 from mlops.data.mixing import history_take
@@ -33,6 +35,41 @@ def _stats() -> Counter:
     return Counter()
 
 
+class Packer:
+    """Greedy packing: consecutive samples share a sequence while they fit; none is split."""
+
+    def __init__(self, writer: ShardWriter) -> None:
+        self.writer = writer
+        self._ids: list[np.ndarray] = []
+        self._masks: list[np.ndarray] = []
+        self._metas: list[Mapping[str, Any]] = []
+        self._len = 0
+
+    def add(self, input_ids: np.ndarray, loss_mask: np.ndarray, meta: Mapping[str, Any]) -> None:
+        if self._len + len(input_ids) > self.writer.seq_len:
+            self.flush()
+        self._ids.append(np.asarray(input_ids))
+        self._masks.append(np.asarray(loss_mask))
+        self._metas.append(meta)
+        self._len += len(input_ids)
+
+    def flush(self) -> None:
+        if not self._ids:
+            return
+        records = [r for m in self._metas for r in m.get("records", [m.get("id")])]
+        weights: dict[str, int] = {}
+        for m, ids in zip(self._metas, self._ids, strict=True):
+            weights[m.get("domain", "")] = weights.get(m.get("domain", ""), 0) + len(ids)
+        meta = {
+            "id": "p-" + hashlib.sha256("|".join(records).encode()).hexdigest()[:16],
+            "domain": max(sorted(weights), key=lambda d: weights[d]),
+            "source": self._metas[0].get("source", ""),
+            "records": records,
+        }
+        self.writer.add(np.concatenate(self._ids), np.concatenate(self._masks), meta)
+        self._ids, self._masks, self._metas, self._len = [], [], [], 0
+
+
 class BatchWriter:
     def __init__(self, inputs: Inputs, staging: Path, gate: Gate, targets: dict[str, float]) -> None:
         data = inputs.data
@@ -45,8 +82,7 @@ class BatchWriter:
         self.writers = {s: ShardWriter(staging / s, data.seq_len, pad_id, data.shard_size) for s in SPLITS}
         self.packers = {s: Packer(w) for s, w in self.writers.items()} if data.pack else {}
         self.batches: list[dict] = []
-        self.kept_exact: list[int] = []
-        self.kept_sigs: list[np.ndarray] = []
+        self.index = IndexWriter(staging / ".work", data.dedup.num_perm)
         # split -> domain|source -> Counter(records, tokens, loss_tokens)
         self.by_domain: dict[str, dict[str, Counter]] = {s: defaultdict(_stats) for s in SPLITS}
         self.by_source: dict[str, dict[str, Counter]] = {s: defaultdict(_stats) for s in SPLITS}
@@ -129,9 +165,7 @@ class BatchWriter:
                 self.writers[split].add(ids, mask, meta)
             for table, key in ((self.by_domain, record.domain), (self.by_source, record.source)):
                 table[split][key].update(records=1, tokens=len(ids), loss_tokens=int(mask.sum()))
-            self.kept_exact.append(row["exact"])
-            if row["sig"] is not None:
-                self.kept_sigs.append(row["sig"])
+            self.index.add(row["exact"], row["sig"])
 
     def add_history(self) -> None:
         """Incremental mode: mix in train samples of the named snapshot at the configured ratio."""
@@ -140,6 +174,7 @@ class BatchWriter:
         for packer in self.packers.values():
             packer.flush()
         sid, path = self.inputs.history
+        self.index.add_prior(path)
         reader = SnapshotReader(path, "train")
         theirs = reader.manifest.get("tokenizer", {}).get("hash")
         if reader.seq_len != self.data.seq_len or theirs != self.inputs.tokenizer["hash"]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from mlops.data import clean, tokenize
 from mlops.data.batches import BatchWriter, GateError
-from mlops.data.dedup import ExactIndex, NearIndex, load_prior, save_index
+from mlops.data.dedup import ExactIndex, Keys, NearIndex, load_prior
 from mlops.data.format import hash_files, publish, read_manifest, snapshot_id_for, staging_dir
 from mlops.data.gate import SUITES, Gate, GateParams
 from mlops.data.inputs import Inputs, cached_snapshot, prepare, remember_build
@@ -28,6 +28,7 @@ from mlops.data.parallel import OrderedPool, chunked
 from mlops.data.records import BadInputError, Issue, Record, read_source
 
 CLEAN_CHUNK = 128
+MAX_ISSUES = 200
 ISSUE_CODES = {"not UTF-8": "not_utf8", "malformed JSON": "malformed_json", "unknown record shape": "unknown_shape",
                "missing field": "missing_field", "the source is empty": "empty_source"}
 
@@ -85,15 +86,17 @@ class Build:
                 stats["issues"] += 1
                 self.counters[f"bad_input.{code}"] += 1
                 entry = {**item.as_dict(), "code": code}
-                self.issues.append(entry)
+                if len(self.issues) < MAX_ISSUES:  # all of them are in quarantine/bad_input.jsonl
+                    self.issues.append(entry)
                 bad_file.write(json.dumps(entry, ensure_ascii=False) + "\n")
 
     # ----------------------------------------------------------------- stage A: clean
 
     def clean(self, pool: OrderedPool) -> tuple[clean.Cleaner, dict[str, int], dict[str, Path]]:
         dedup = self.data.dedup
-        exact = ExactIndex()
-        near = NearIndex(dedup.threshold, dedup.num_perm) if dedup.near else None
+        keys = Keys()
+        exact = ExactIndex(keys)
+        near = NearIndex(dedup.threshold, dedup.num_perm, keys) if dedup.near else None
         params = self.dedup_params()
         for sid, path in self.inputs.priors:
             self.counters[f"dedup.prior_records.{sid}"] = load_prior(path, sid, params, exact, near)
@@ -151,8 +154,7 @@ class Build:
             self.batches(pool, plan, paths, writer)
         writer.add_history()
         writer.close()
-        save_index(self.staging, writer.kept_exact + self.prior_exact(), writer.kept_sigs + self.prior_sigs(),
-                   self.dedup_params())
+        writer.index.finish(self.staging, self.dedup_params())
         shutil.rmtree(self.work)
         return assemble_manifest(self, cleaner, plan, writer, eval_index, time.time() - started)
 
@@ -172,20 +174,6 @@ class Build:
         for entry in self.inputs.eval_files:
             entry["items"] = index.add_file(entry["path"], entry["name"])
         return index
-
-    def prior_exact(self) -> list[int]:
-        import numpy as np
-
-        if self.inputs.history is None:
-            return []
-        return np.load(self.inputs.history[1] / "dedup" / "exact.npy").tolist()
-
-    def prior_sigs(self) -> list:
-        import numpy as np
-
-        if self.inputs.history is None or not self.data.dedup.near:
-            return []
-        return list(np.load(self.inputs.history[1] / "dedup" / "minhash.npy"))
 
 
 def build_snapshot(cfg: Any, tracker: Any = None, *, force: bool = False) -> BuildResult:

@@ -58,22 +58,59 @@ def _band_hash(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=8).digest()
 
 
-class ExactIndex:
-    def __init__(self) -> None:
-        self.seen: dict[int, str] = {}
+class Keys:
+    """Index keys as small ints, since the indexes are the only state that grows with the input:
+    a record id `r-<16 hex>` is its own 64-bit number; records of earlier snapshots get negative numbers."""
 
-    def check_add(self, h: int, key: str) -> str | None:
+    def __init__(self) -> None:
+        self.ranges: list[tuple[int, str]] = []  # (first negative key, snapshot id)
+        self.next_prior = 1
+        self.other: list[str] = []
+
+    def encode(self, key: str) -> int:
+        if RECORD_ID.fullmatch(key):
+            return int(key[2:], 16)
+        self.other.append(key)  # names that are not record ids (tests, tools) keep their spelling
+        return -(1 << 62) - len(self.other) + 1
+
+    def prior(self, snapshot_id: str, count: int) -> int:
+        start = self.next_prior
+        self.ranges.append((start, snapshot_id))
+        self.next_prior += count
+        return start
+
+    def decode(self, key: int) -> str:
+        if key >= 0:
+            return f"r-{key:016x}"
+        if key <= -(1 << 62):
+            return self.other[-(1 << 62) - key]
+        number = -key
+        start, sid = max((r for r in self.ranges if r[0] <= number), key=lambda r: r[0])
+        return f"{sid}#{number - start}"
+
+
+RECORD_ID = re.compile(r"r-[0-9a-f]{16}")
+
+
+class ExactIndex:
+    def __init__(self, keys: Keys | None = None) -> None:
+        self.keys = keys or Keys()
+        self.seen: dict[int, int] = {}
+
+    def check_add(self, h: int, key: str | int) -> str | None:
         """The key of the earlier record with this hash, else None (and remember this one)."""
         earlier = self.seen.get(h)
         if earlier is None:
-            self.seen[h] = key
-        return earlier
+            self.seen[h] = key if isinstance(key, int) else self.keys.encode(key)
+            return None
+        return self.keys.decode(earlier)
 
 
 class NearIndex:
-    def __init__(self, threshold: float, num_perm: int) -> None:
+    def __init__(self, threshold: float, num_perm: int, keys: Keys | None = None) -> None:
         from datasketch import MinHashLSH
 
+        self.keys = keys or Keys()
         self.num_perm = num_perm
         self.lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, hashfunc=_band_hash)
 
@@ -82,14 +119,61 @@ class NearIndex:
 
         return LeanMinHash(seed=MINHASH_SEED, hashvalues=sig.astype(np.uint64), scheme=SCHEME)
 
-    def check_add(self, sig: np.ndarray, key: str) -> str | None:
+    def check_add(self, sig: np.ndarray, key: str | int) -> str | None:
         """The key of an earlier near duplicate, else None (and index this one)."""
         mh = self._minhash(sig)
         found = self.lsh.query(mh)
         if found:
-            return min(found)  # stable choice when several match
-        self.lsh.insert(key, mh)
+            return self.keys.decode(min(found))  # stable choice when several match
+        self.lsh.insert(key if isinstance(key, int) else self.keys.encode(key), mh)
         return None
+
+
+class IndexWriter:
+    """Streams the hashes and signatures of the records a snapshot keeps to disk (memory stays flat)."""
+
+    def __init__(self, work: Path, num_perm: int) -> None:
+        self.num_perm = num_perm
+        self.count = 0
+        self.paths = (work / "dedup-exact.bin", work / "dedup-sigs.bin")
+        self._exact = self.paths[0].open("wb")
+        self._sigs = self.paths[1].open("wb")
+
+    def add(self, exact: int, sig: np.ndarray | None) -> None:
+        self._exact.write(np.uint64(exact).tobytes())
+        row = sig if sig is not None else np.zeros(self.num_perm, dtype=np.uint32)  # near dedup off
+        self._sigs.write(row.astype("<u4").tobytes())
+        self.count += 1
+
+    def add_prior(self, folder: Path) -> None:
+        """Everything an earlier snapshot had seen (incremental mode: the history snapshot)."""
+        hashes = np.load(folder / EXACT_FILE, mmap_mode="r")
+        sigs = np.load(folder / MINHASH_FILE, mmap_mode="r")
+        for start in range(0, len(hashes), 4096):
+            self._exact.write(np.asarray(hashes[start : start + 4096], dtype="<u8").tobytes())
+            block = np.asarray(sigs[start : start + 4096], dtype="<u4")
+            if block.shape[1:] != (self.num_perm,):
+                block = np.zeros((len(block), self.num_perm), dtype="<u4")
+            self._sigs.write(block.tobytes())
+        self.count += len(hashes)
+
+    def finish(self, folder: Path, params: dict) -> None:
+        self._exact.close()
+        self._sigs.close()
+        (folder / "dedup").mkdir(parents=True, exist_ok=True)
+        exact = np.lib.format.open_memmap(folder / EXACT_FILE, mode="w+", dtype=np.uint64, shape=(self.count,))
+        sigs = np.lib.format.open_memmap(folder / MINHASH_FILE, mode="w+", dtype=np.uint32,
+                                         shape=(self.count, self.num_perm))
+        raw_exact = np.memmap(self.paths[0], dtype="<u8", mode="r") if self.count else np.zeros(0)
+        raw_sigs = np.memmap(self.paths[1], dtype="<u4", mode="r") if self.count else np.zeros(0)
+        for start in range(0, self.count, 4096):
+            end = min(self.count, start + 4096)
+            exact[start:end] = raw_exact[start:end]
+            sigs[start:end] = np.asarray(raw_sigs[start * self.num_perm : end * self.num_perm]).reshape(-1, self.num_perm)
+        exact.flush()
+        sigs.flush()
+        del exact, sigs, raw_exact, raw_sigs
+        (folder / PARAMS_FILE).write_text(json.dumps(params, sort_keys=True) + "\n")
 
 
 def save_index(folder: Path, exact: list[int], sigs: list[np.ndarray], params: dict) -> None:
@@ -121,9 +205,10 @@ def load_prior(folder: Path, snapshot_id: str, params: dict, exact: ExactIndex, 
             "snapshot's values so signatures are comparable."
         )
     hashes = np.load(folder / EXACT_FILE)
+    start = exact.keys.prior(snapshot_id, len(hashes))
     for i, h in enumerate(hashes.tolist()):
-        exact.check_add(int(h), f"{snapshot_id}#{i}")
+        exact.check_add(int(h), -(start + i))
     if near is not None:
         for i, sig in enumerate(np.load(folder / MINHASH_FILE)):
-            near.lsh.insert(f"{snapshot_id}#{i}", near._minhash(sig))
+            near.lsh.insert(-(start + i), near._minhash(sig))
     return len(hashes)

@@ -163,41 +163,6 @@ class ShardWriter:
         return index
 
 
-class Packer:
-    """Greedy packing: consecutive samples share a sequence while they fit; none is split."""
-
-    def __init__(self, writer: ShardWriter) -> None:
-        self.writer = writer
-        self._ids: list[np.ndarray] = []
-        self._masks: list[np.ndarray] = []
-        self._metas: list[Mapping[str, Any]] = []
-        self._len = 0
-
-    def add(self, input_ids: np.ndarray, loss_mask: np.ndarray, meta: Mapping[str, Any]) -> None:
-        if self._len + len(input_ids) > self.writer.seq_len:
-            self.flush()
-        self._ids.append(np.asarray(input_ids))
-        self._masks.append(np.asarray(loss_mask))
-        self._metas.append(meta)
-        self._len += len(input_ids)
-
-    def flush(self) -> None:
-        if not self._ids:
-            return
-        records = [r for m in self._metas for r in m.get("records", [m.get("id")])]
-        weights: dict[str, int] = {}
-        for m, ids in zip(self._metas, self._ids, strict=True):
-            weights[m.get("domain", "")] = weights.get(m.get("domain", ""), 0) + len(ids)
-        meta = {
-            "id": "p-" + hashlib.sha256("|".join(records).encode()).hexdigest()[:16],
-            "domain": max(sorted(weights), key=lambda d: weights[d]),
-            "source": self._metas[0].get("source", ""),
-            "records": records,
-        }
-        self.writer.add(np.concatenate(self._ids), np.concatenate(self._masks), meta)
-        self._ids, self._masks, self._metas, self._len = [], [], [], 0
-
-
 def publish(staging: Path, root: Path, manifest: dict) -> Path:
     """Write the manifest last, then move the folder into place: a half-built snapshot is never visible."""
     snapshot_id = manifest["snapshot_id"]

@@ -75,7 +75,8 @@ def assemble_manifest(build: Any, cleaner: Any, plan: Any, writer: Any, eval_ind
         "dedup": {**build.dedup_params(), "against_snapshots": [sid for sid, _ in inputs.priors]},
         "decontam": {"ngram": data.decontam.ngram, "eval_items": eval_index.items,
                      "hits": len(cleaner.decontam_hits), "examples": cleaner.decontam_hits[:MAX_LISTED]},
-        "issues": {"count": len(build.issues), "listed": build.issues[:MAX_LISTED]},
+        "issues": {"count": sum(v for k, v in counters.items() if k.startswith("bad_input.")),
+                   "listed": build.issues[:MAX_LISTED], "file": "quarantine/bad_input.jsonl"},
     }
 
 
