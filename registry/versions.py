@@ -123,7 +123,7 @@ def _known_versions(client, name: str) -> str:
     except Exception:  # noqa: BLE001 - the model itself is unknown
         return f"There is no registered model '{name}'. "
     aliases = ", ".join(f"@{a}" for a in sorted(model.aliases or {})) or "none"
-    numbers = ", ".join(sorted((v.version for v in versions), key=int)) or "none"
+    numbers = ", ".join(sorted((str(v.version) for v in versions), key=int)) or "none"
     return f"Model '{name}' has versions {numbers} and aliases {aliases}. "
 
 

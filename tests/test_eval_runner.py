@@ -1,0 +1,214 @@
+"""Deployment-form eval end to end on the tiny model: registry refs, MLflow logging, failure modes, gate."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from evaluation.profile import load_profile
+from mlops.errors import NotFoundError
+from mlops.lineage import Tag
+
+
+@pytest.fixture
+def registered(mlops_home, tiny_model, tmp_path):
+    """A training-like run that logged the tiny model (with its profile) and two registered versions."""
+    from mlops.tracking import tracked_run
+    from registry.versions import register_model_version
+
+    folder = tmp_path / "tiny-model"
+    shutil.copytree(tiny_model["path"], folder)
+    profile = load_profile(folder).model_copy(update={"system_prompt": "You are the Northwind support assistant."})
+    profile.save(folder)
+    with tracked_run("test", run_name="train", tags={Tag.STAGE: "train", Tag.BASE_MODEL: "tiny"}) as run:
+        run.log_hf_model(folder)
+    v1 = register_model_version(run.run_id, "bot", alias="production")
+    v2 = register_model_version(run.run_id, "bot", alias="candidate")
+    return {"run_id": run.run_id, "versions": (v1, v2), "profile": profile}
+
+
+def _cfg(*overrides: str):
+    from mlops.config import load_config
+
+    return load_config(None, ["eval.limit=2", "eval.concurrency=2", "run.experiment=eval-test", *overrides])
+
+
+def _client():
+    from mlflow import MlflowClient
+
+    from mlops.tracking import tracking_uri
+
+    return MlflowClient(tracking_uri=tracking_uri())
+
+
+def test_registered_version_carries_lineage_and_profile(registered):
+    from registry.versions import resolve_model_ref
+
+    model = resolve_model_ref("models:/bot@candidate")
+    assert model.kind == "version" and model.version == registered["versions"][1]
+    assert model.version_tags[Tag.PROFILE_HASH] == registered["profile"].profile_hash()
+    assert model.version_tags[Tag.SOURCE_RUN] == registered["run_id"]
+    assert model.profile() == registered["profile"] and (model.hf_dir / "config.json").exists()
+    assert resolve_model_ref(f"runs:/{registered['run_id']}/model").hf_dir.is_dir()
+
+
+@pytest.mark.parametrize("ref", ["models:/bot@nope", "models:/nobody/1", "models:/bot/99", "runs:/abc123/model",
+                                 "/no/such/folder"])
+def test_a_ref_that_does_not_exist_fails_before_anything_starts(registered, ref):
+    from evaluation.runner import run_eval
+
+    before = len(_client().search_runs([e.experiment_id for e in _client().search_experiments()]))
+    started = time.perf_counter()
+    with pytest.raises(NotFoundError, match="Fix:"):
+        run_eval(_cfg(), ref, suites="general")
+    assert time.perf_counter() - started < 10
+    assert len(_client().search_runs([e.experiment_id for e in _client().search_experiments()])) == before
+
+
+def test_a_profile_other_than_the_released_one_is_refused_unless_forced(registered, tmp_path):
+    from evaluation.profile import ProfileMismatchError
+    from evaluation.runner import run_eval
+
+    other = registered["profile"].model_copy(update={"system_prompt": "Be terse."}).save_as(tmp_path / "p.yaml")
+    with pytest.raises(ProfileMismatchError, match="system_prompt"):
+        run_eval(_cfg(), "models:/bot@candidate", suites="general", profile_path=other)
+
+
+def test_eval_logs_suite_results_through_the_served_endpoint(registered):
+    from evaluation.runner import run_eval
+
+    outcome = run_eval(_cfg(), "models:/bot@candidate", suites="general,business")
+    run = _client().get_run(outcome.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags[Tag.MODEL_KEY] == "bot-v2" and run.data.tags[Tag.SUITE_VERSION] == "business@v1,general@v1"
+    assert run.data.tags[Tag.EVAL_FORCED_PROFILE] == "false"
+    assert run.data.params["served_chat_template_hash"] == registered["profile"].chat_template_hash
+    assert run.data.params["system_prompt"] == registered["profile"].system_prompt
+    metrics = run.data.metrics
+    assert "general_knowledge/acc" in metrics and "general_knowledge/acc_stderr" in metrics
+    assert "business/billing" in metrics and metrics["eval_wall_s"] > 0
+    artifacts = {a.path for a in _client().list_artifacts(outcome.run_id, "eval")}
+    assert {"eval/summary.json", "eval/server.log", "eval/samples", "eval/deployment_profile.yaml"} <= artifacts
+    samples = {a.path for a in _client().list_artifacts(outcome.run_id, "eval/samples")}
+    assert "eval/samples/biz_billing_gen.jsonl" in samples and len(samples) == 18
+    log = Path(_client().download_artifacts(outcome.run_id, "eval/server.log")).read_text()
+    assert "request_id=" in log and "/v1/completions 200" in log and "/v1/chat/completions 200" in log
+    from registry.versions import version_tags
+
+    tags = version_tags("bot", registered["versions"][1])
+    assert tags[Tag.EVAL_RUN] == outcome.run_id and tags[Tag.CONTAMINATION_STATUS] == "no_snapshot"
+    assert {s.suite for s in outcome.scores} == {"general", "business"} and all(s.n == 2 for s in outcome.scores)
+
+
+def test_an_eval_whose_server_dies_is_failed_with_the_log_and_no_scores(registered):
+    from evaluation.process import ServerError
+    from evaluation.runner import run_eval
+
+    def kill_soon(server) -> None:
+        threading.Timer(1.0, lambda: server.proc.send_signal(signal.SIGKILL)).start()
+
+    with pytest.raises(ServerError, match="died during the eval"):
+        run_eval(_cfg("eval.limit=20"), "models:/bot@candidate", suites="general", on_server=kill_soon)
+    runs = _client().search_runs([e.experiment_id for e in _client().search_experiments()],
+                                 f"tags.`{Tag.STAGE}` = 'eval'")
+    assert len(runs) == 1 and runs[0].info.status == "FAILED"
+    assert "died during the eval" in runs[0].data.tags[Tag.FAILURE_REASON]
+    assert not any(k.startswith("general_") for k in runs[0].data.metrics)
+    assert "eval/server.log" in {a.path for a in _client().list_artifacts(runs[0].info.run_id, "eval")}
+
+
+def _fake_eval(ref: str, general: float, billing: float) -> None:
+    """An eval run as `mlops eval` leaves it, with constructed scores (the gate only reads summaries)."""
+    from evaluation.results import Score, summary
+    from mlops.tracking import tracked_run
+    from registry.versions import resolve_model_ref
+
+    model = resolve_model_ref(ref)
+    tasks = [Score("general_knowledge", "general", "knowledge", "acc", general, 0.04, 100),
+             Score("biz_billing_mc", "business", "billing", "acc", billing, 0.04, 100)]
+    doc = summary(tasks, [])
+    doc["suites"] = {"general": {"version": 1}, "business": {"version": 1}}
+    with tracked_run("eval-test", tags={Tag.STAGE: "eval", Tag.MODEL_KEY: model.key}) as run:
+        run.log_dict(doc, "eval/summary.json")
+
+
+def test_gate_passes_and_fails_and_tags_the_version(registered):
+    from evaluation.gate_run import run_gate
+    from registry.versions import version_tags
+
+    v1, v2 = registered["versions"]
+    _fake_eval("models:/bot/1", general=0.60, billing=0.60)
+    _fake_eval("models:/bot/2", general=0.61, billing=0.66)
+    passed = run_gate(_cfg(), "models:/bot@candidate", "models:/bot@production")
+    assert passed.report.passed and version_tags("bot", v2)[Tag.GATE_EVAL] == "passed"
+    assert passed.markdown_path.read_text().startswith("# Gate report: PASSED")
+    _fake_eval("models:/bot/2", general=0.40, billing=0.66)  # the newest eval run wins
+    failed = run_gate(_cfg(), "models:/bot@candidate", "models:/bot@production")
+    assert not failed.report.passed
+    tags = version_tags("bot", v2)
+    assert tags[Tag.GATE_EVAL] == "failed" and "general_knowledge is inferior" in tags[Tag.GATE_REASONS]
+    assert tags[Tag.GATE_RUN] == failed.run_id
+
+
+def test_gate_without_a_champion_uses_floors(registered):
+    from evaluation.gate_run import run_gate
+
+    _fake_eval("models:/bot/2", general=0.30, billing=0.66)
+    outcome = run_gate(_cfg("eval.gate.floors={general: 0.5}"), "models:/bot/2", "models:/bot@champion")
+    assert not outcome.report.passed and outcome.report.champion is None
+    assert "'models:/bot@champion' names no model version yet" in outcome.report.notes[0]
+
+
+def test_gate_needs_an_eval_of_the_challenger(registered):
+    from evaluation.gate_run import run_gate
+
+    with pytest.raises(NotFoundError, match="mlops eval --model models:/bot/2"):
+        run_gate(_cfg(), "models:/bot/2", None)
+
+
+@pytest.mark.slow
+def test_cli_eval_and_gate_on_the_tiny_model(registered):
+    from typer.testing import CliRunner
+
+    from mlops.cli import _register_stages, app
+
+    _register_stages()
+    runner = CliRunner()
+    result = runner.invoke(app, ["eval", "--model", "models:/bot@candidate", "--suites", "general",
+                                 "--config", "configs/eval/smoke.yaml", "eval.limit=3"])
+    assert result.exit_code == 0, result.output
+    assert "general_knowledge" in result.output and "eval run:" in result.output
+    result = runner.invoke(app, ["gate", "--challenger", "models:/bot@candidate", "--champion",
+                                 "models:/bot@production", "--config", "configs/eval/smoke.yaml"])
+    # the production version was never evaluated: the gate says how to fix that
+    assert result.exit_code != 0 and "mlops eval --model models:/bot@production" in str(result.exception or "")
+
+
+@pytest.mark.slow
+def test_a_forced_profile_run_is_labelled(registered, tmp_path):
+    from evaluation.runner import run_eval
+
+    other = registered["profile"].model_copy(update={"system_prompt": "Be terse."}).save_as(tmp_path / "p.yaml")
+    outcome = run_eval(_cfg("eval.limit=1", "eval.contamination.enabled=false"), "models:/bot@candidate",
+                       suites="general", profile_path=other, force_profile=True)
+    run = _client().get_run(outcome.run_id)
+    assert run.data.tags[Tag.EVAL_FORCED_PROFILE] == "true" and "[FORCED PROFILE]" in run.data.tags["mlflow.runName"]
+    assert run.data.params["system_prompt"] == "Be terse." and outcome.summary["forced_profile"] is True
+    diffs = Path(_client().download_artifacts(outcome.run_id, "eval/forced_profile_differences.txt")).read_text()
+    assert "system_prompt" in diffs
+
+
+def test_serve_refuses_a_missing_ref_before_loading_anything(mlops_home):
+    from typer.testing import CliRunner
+
+    from mlops.cli import app, main  # noqa: F401 - main registers nothing; register explicitly below
+    from mlops.cli import _register_stages
+
+    _register_stages()
+    result = CliRunner().invoke(app, ["serve", "--model", "models:/ghost@production"])
+    assert result.exit_code != 0 and isinstance(result.exception, NotFoundError)
