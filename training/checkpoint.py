@@ -209,6 +209,9 @@ class Saver:
                         time.gmtime()), "complete": True}
             atomic_json(folder / MANIFEST, manifest)
             self.last_complete = folder
+            from mlops.lineage import Tag
+
+            self.tracker.set_tags({Tag.CHECKPOINT_MANIFEST: str(folder / MANIFEST)})
             retention(self.dir, self.keep_last, self.keep_every, protect=folder)
             self.tracker.log_dict(manifest, f"checkpoints/{folder.name}/{MANIFEST}")
         except BaseException as err:  # noqa: BLE001 - re-raised in the step loop by wait()

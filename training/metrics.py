@@ -84,10 +84,12 @@ def measured_peak_flops(device: str = "cpu") -> float:
     if key in _PEAK_CACHE:
         return _PEAK_CACHE[key]
     n = 1024
-    a = torch.randn(n, n, device=device, generator=None)
+    a = torch.randn(n, n, device=device)
     b = torch.randn(n, n, device=device)
     for _ in range(3):
         a @ b
+    if device != "cpu":
+        torch.cuda.synchronize()
     runs, started = 0, time.perf_counter()
     while time.perf_counter() - started < 0.5:
         a @ b

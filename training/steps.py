@@ -36,8 +36,10 @@ def run_step(run, window) -> dict:
             engine.step()  # not a boundary: DeepSpeed only counts the micro step
     grad_norm = grad_norm_before_step(engine)
     want_save = bool(t.checkpoint.every_seconds and time.monotonic() - run.last_save >= t.checkpoint.every_seconds)
-    stats = torch.tensor([float(loss_sum) / len(batch.micro), float(tokens), float(want_save)], dtype=torch.float64)
+    stats = torch.tensor([float(loss_sum) / len(batch.micro), float(tokens), float(want_save)], dtype=torch.float64,
+                         device=dev)  # nccl reduces device tensors only
     dist.all_reduce(stats)
+    stats = stats.cpu()
     loss_value = float(stats[0]) / run.world.size
     ok, reason = check_finite(loss_value, grad_norm)
     if ok:
@@ -56,7 +58,7 @@ def run_step(run, window) -> dict:
     window.add(tokens=int(stats[1]), seconds=seconds, loss=loss_value, grad_norm=grad_norm, lr=lr,
                data_wait_s=batch.wait_s)
     run.write_trace({"step": step, "loss": loss_value.hex(), "grad_norm": float(grad_norm).hex(), "lr": lr,
-                     "position": batch.start, "samples": batch.step_sample_ids})
+                     "position": batch.start, "step_s": seconds, "samples": batch.step_sample_ids})
     return {"save": stats[2] > 0}
 
 
@@ -115,7 +117,9 @@ def validate(run) -> dict:
                                 labels=mb.labels.to(dev))
             total += torch.tensor([float(out.loss) * n, n], dtype=torch.float64)
     engine.train()
+    total = total.to(dev)
     dist.all_reduce(total)
+    total = total.cpu()
     if total[1] == 0:
         return {}
     val_loss = float(total[0] / total[1])

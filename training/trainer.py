@@ -231,6 +231,7 @@ class _Run:
         self.last_metrics = dict(state.get("last_metrics", {}))
         self.resume_s = time.perf_counter() - started
         self.saver.last_complete = prep.resume_from
+        self.tracker.log_metrics({"resume_load_s": self.resume_s}, self.step)
         if self.rank0:
             print(f"resumed from {prep.resume_from} at step {self.step} in {self.resume_s:.2f} s", flush=True)
         return state
@@ -303,7 +304,7 @@ class _Run:
                 self.report(self.step, {**self.val, "loss": self.losses[-1] if self.losses else math.nan})
             except StopTraining as err:
                 reason = str(err) or f"stopped by report at step {self.step}"
-        return _agree(reason)
+        return _agree(reason, self.world.device)
 
     def _save(self) -> None:
         from training.checkpoint import gather_rng
@@ -369,12 +370,12 @@ class _Run:
         gc.collect()
 
 
-def _agree(reason: str | None) -> str | None:
+def _agree(reason: str | None, device: str) -> str | None:
     """Every rank stops if any rank's report asked to."""
     import torch
     import torch.distributed as dist
 
-    flag = torch.tensor([1.0 if reason else 0.0])
+    flag = torch.tensor([1.0 if reason else 0.0], device=device)
     dist.all_reduce(flag)
     if flag.item() > 0:
         return reason or "stopped by report on another rank"

@@ -1,0 +1,170 @@
+"""Training speed and memory, measured side by side in one process.
+
+    .venv/bin/python benchmarks/bench_train.py [--steps 30] [--repeats 2] [--skip-smollm2]
+
+1. Step time of the stack (`training.trainer.train`) against a bare torch AdamW loop on the same model, data
+   and steps, with ZeRO-0 and ZeRO-2 (goals <= 1.05 and <= 1.10). Runs alternate and the best of `repeats`
+   is kept, so a neighbour's load hits both sides alike.
+2. Checkpoint save time (what the step loop waits for) against `torch.save` of the very same objects
+   DeepSpeed wrote (goal <= 1.3), plus the manifest's hashing time and resume-to-first-step time.
+3. MFU against the measured fp32 matmul peak of this machine: tiny model (full) and SmolLM2-135M LoRA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+WARM = 3  # steps left out of every timing: allocator and first-touch costs
+
+
+def stack_run(cfg_overrides: list[str], tmp: Path, name: str):
+    from mlops.config import load_config
+    from mlops.tracking import MemoryTracker
+    from training.drill import read_trace
+    from training.trainer import train
+
+    ckpt = tmp / name
+    cfg = load_config(None, [*cfg_overrides, f"train.checkpoint.dir={ckpt}"])
+    tracker = MemoryTracker()
+    result = train(cfg, tracker)
+    trace = read_trace(ckpt / "trace.jsonl")
+    times = [trace[s]["step_s"] for s in sorted(trace)][WARM:]
+    return statistics.median(times), result, tracker
+
+
+def bare_run(cfg_overrides: list[str]) -> float:
+    """The same model, batches and steps through a plain torch loop: AdamW, LambdaLR, clip_grad_norm_."""
+    import torch
+
+    from mlops.base_models import ensure_base_model
+    from mlops.config import load_config
+    from mlops.data.format import SnapshotReader
+    from mlops.data.snapshot import resolve_snapshot
+    from training.data_loader import RankBatches
+    from training.engine import build_model, lr_lambda
+
+    cfg = load_config(None, cfg_overrides)
+    t = cfg.train
+    model = build_model(ensure_base_model(cfg.base_model)["path"], t, cfg.run.seed)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=t.lr, betas=tuple(t.adam_betas), eps=t.adam_eps, weight_decay=t.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(t))
+    reader = SnapshotReader(resolve_snapshot(t.snapshot))
+    batches = RankBatches(reader, seed=cfg.run.seed, micro=t.micro_batch_size, accum=t.grad_accum, world=1, rank=0)
+    times = []
+    for _ in range(t.max_steps):
+        started = time.perf_counter()
+        for mb in batches.next_step().micro:
+            out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, labels=mb.labels)
+            (out.loss / t.grad_accum).backward()
+        torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times[WARM:])
+
+
+def bench_step_time(base: list[str], steps: int, repeats: int, tmp: Path) -> None:
+    print(f"\n== step time: stack vs bare torch AdamW loop ({steps} steps, median of steps > {WARM}) ==")
+    for zero, goal in ((0, 1.05), (2, 1.10)):
+        run = [*base, f"train.zero_stage={zero}", f"train.max_steps={steps}", "train.checkpoint_every=100000",
+               "train.eval_every=100000", "train.final_model=false", f"run.log_every={steps}"]
+        stack, bare = [], []
+        for i in range(repeats):
+            bare.append(bare_run(run))
+            stack.append(stack_run(run, tmp, f"z{zero}-{i}")[0])
+        ratio = min(stack) / min(bare)
+        verdict = "ok" if ratio <= goal else "over goal"
+        print(f"ZeRO-{zero}: stack {min(stack) * 1e3:.1f} ms/step, bare {min(bare) * 1e3:.1f} ms/step, "
+              f"ratio {ratio:.3f} (goal <= {goal}) {verdict}")
+
+
+def bench_checkpoint(base: list[str], tmp: Path) -> None:
+    import torch
+
+    from training.trainer import SimulatedCrash
+
+    print("\n== checkpoint save vs torch.save of the same objects; resume to first step ==")
+    run = [*base, "train.max_steps=6", "train.checkpoint_every=3", "train.final_model=false", "run.log_every=1"]
+    for zero in (0, 2):
+        cfg = [*run, f"train.zero_stage={zero}"]
+        try:
+            stack_run([*cfg, "train.debug.crash_after_step=3"], tmp, f"ck{zero}")
+        except SimulatedCrash:
+            pass
+        folder = tmp / f"ck{zero}" / "step-00000003"
+        files = sorted(p for p in folder.iterdir() if p.suffix == ".pt")
+        objects = [torch.load(p, map_location="cpu", weights_only=False) for p in files]
+        started = time.perf_counter()
+        out = Path(tempfile.mkdtemp(dir=tmp))
+        for p, obj in zip(files, objects, strict=True):
+            torch.save(obj, out / p.name)
+        plain = time.perf_counter() - started
+        _, _, tracker = stack_run(cfg, tmp, f"ck{zero}")  # resumes from step 3, saves at 6
+        metrics = {k: v for _, m in tracker.metrics for k, v in m.items()}
+        save = metrics["checkpoint_save_s"]
+        from training.checkpoint import file_table
+
+        started = time.perf_counter()
+        file_table(folder)
+        hashing = time.perf_counter() - started
+        size = sum(p.stat().st_size for p in files)
+        print(f"ZeRO-{zero}: save {save * 1e3:.1f} ms vs torch.save {plain * 1e3:.1f} ms for {size / 2**20:.1f} MiB: "
+              f"ratio {save / plain:.2f} (goal <= 1.3); manifest hashing {hashing * 1e3:.1f} ms (background); "
+              f"resume: load {metrics['resume_load_s']:.2f} s, to first step {metrics['time_to_first_step_s']:.2f} s")
+
+
+def bench_mfu(name: str, overrides: list[str], tmp: Path) -> None:
+    from training.metrics import measured_peak_flops
+
+    _, result, tracker = stack_run(overrides, tmp, f"mfu-{name}")
+    peak = measured_peak_flops()
+    mfu = [m["mfu"] for _, m in tracker.metrics if "mfu" in m]
+    rate = [m["tokens_per_s"] for _, m in tracker.metrics if "tokens_per_s" in m]
+    print(f"{name}: {statistics.median(rate):.0f} tokens/s, MFU {statistics.median(mfu):.1%} of the measured "
+          f"fp32 matmul peak {peak / 1e9:.1f} GFLOP/s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--skip-smollm2", action="store_true", help="skip the SmolLM2 LoRA MFU line")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
+    os.environ.setdefault("MLOPS_HOME", str(tmp / "home"))
+    from mlops.base_models import import_base_model
+    from training.testing import make_snapshot
+
+    cache = REPO / ".mlops" / "test-cache" / "models"
+    tiny = import_base_model("tiny", root=cache)
+    snap = make_snapshot(train=512, validation=16, seq_len=64)
+    base = [f"base_model={tiny['path']}", f"train.snapshot={snap}", "train.mode=full", "train.micro_batch_size=4",
+            "train.grad_accum=2", "train.warmup_steps=2", "train.lr=1e-3", "train.progress=false"]
+    print(f"torch threads {__import__('torch').get_num_threads()}, tiny model {tiny['id']}, snapshot {snap}")
+    bench_step_time(base, args.steps, args.repeats, tmp)
+    bench_checkpoint(base, tmp)
+    print("\n== MFU (CPU, fp32) ==")
+    bench_mfu("tiny (full)", [*base, "train.max_steps=12", "run.log_every=4", "train.final_model=false"], tmp)
+    if not args.skip_smollm2:
+        smol = import_base_model("smollm2", root=cache)
+        bench_mfu("SmolLM2-135M LoRA", [f"base_model={smol['path']}", f"train.snapshot={snap}", "train.mode=lora",
+                                        "train.micro_batch_size=2", "train.grad_accum=1", "train.max_steps=8",
+                                        "run.log_every=2", "train.final_model=false", "train.progress=false",
+                                        "train.eval_samples=4"], tmp)
+
+
+if __name__ == "__main__":
+    main()
