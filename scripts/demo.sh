@@ -18,6 +18,13 @@ mlops base-model list
 step "2. smoke: greedy chat generation on SmolLM2 through mlflow run"
 mlflow run mlproject -e smoke --env-manager local --experiment-name demo -P base_model=smollm2
 
+step "3. data snapshot: sample data -> cleaned, deduplicated, gated, tokenized snapshot (rebuild = no-op)"
+mlops data sample --out data/generated
+mlflow run mlproject -e data --env-manager local --experiment-name demo -P config=configs/data/sample.yaml
+mlops data build --config configs/data/sample.yaml
+mlops data show latest
+mlops data verify latest
+
 step "done"
 cat <<TXT
 Everything is in the embedded store. Look at it with:

@@ -57,9 +57,22 @@ def build(
     typer.echo(f"  run      {run_id}")
 
 
+def _latest(snapshot_id: str, root: Path | None) -> str:
+    """`latest` names the newest complete snapshot (a convenience for people, not for pipelines)."""
+    if snapshot_id != "latest":
+        return snapshot_id
+    from mlops.data.snapshot import list_snapshots
+    from mlops.errors import NotFoundError
+
+    found = list_snapshots(root)
+    if not found:
+        raise NotFoundError("there is no snapshot yet. Fix: build one with `mlops data build --config <yaml>`.")
+    return found[0]["snapshot_id"]
+
+
 @app.command("show")
 def show(
-    snapshot_id: str = typer.Argument(..., help="snapshot id (or a unique prefix)"),
+    snapshot_id: str = typer.Argument(..., help="snapshot id, a unique prefix, or `latest`"),
     as_json: bool = typer.Option(False, "--json", help="print the whole manifest as JSON"),
     root: Path | None = RootOpt,
 ) -> None:
@@ -68,16 +81,17 @@ def show(
     from mlops.data.manifest import describe
     from mlops.data.snapshot import resolve_snapshot
 
-    manifest = read_manifest(resolve_snapshot(snapshot_id, root))
+    manifest = read_manifest(resolve_snapshot(_latest(snapshot_id, root), root))
     typer.echo(json.dumps(manifest, indent=2, sort_keys=True) if as_json else describe(manifest))
 
 
 @app.command("verify")
-def verify(snapshot_id: str = typer.Argument(..., help="snapshot id or folder"), root: Path | None = RootOpt) -> None:
+def verify(snapshot_id: str = typer.Argument(..., help="snapshot id, folder or `latest`"),
+           root: Path | None = RootOpt) -> None:
     """Re-hash every file of a snapshot against its manifest; exits non-zero on any change."""
     from mlops.data.snapshot import verify_snapshot
 
-    result = verify_snapshot(snapshot_id, root)
+    result = verify_snapshot(_latest(snapshot_id, root), root)
     typer.echo(f"snapshot {result['snapshot_id']}: {result['files']} files verified, unchanged")
 
 
@@ -107,10 +121,15 @@ def sample(
     out: Path = typer.Option(Path("data/generated"), "--out", help="folder for the generated files"),
     scale: int = typer.Option(1, "--scale", min=1, help="multiply the number of records"),
     seed: int = typer.Option(7, "--seed", help="generator seed (same seed, same files)"),
+    eval_sets: str = typer.Option("evaluation/suites/**/*.jsonl", "--eval-sets",
+                                  help="glob (under the project home) of eval files to leak a few items from"),
 ) -> None:
     """Generate the customer-support sample data (with injected duplicates, PII, junk, leaks, a bad batch)."""
+    from mlops.data.decontam import resolve_eval_sets
     from mlops.data.sample import generate
+    from mlops.paths import project_home
 
-    summary = generate(out, scale=scale, seed=seed)
+    files, _ = resolve_eval_sets([eval_sets], project_home()) if eval_sets else ([], [])
+    summary = generate(out, scale=scale, seed=seed, eval_files=files)
     for name, count in summary.items():
         typer.echo(f"{name:40} {count}")

@@ -229,8 +229,27 @@ def _write_jsonl(path: Path, rows: list) -> None:
             fh.write(row if isinstance(row, bytes) else (json.dumps(row, ensure_ascii=False) + "\n").encode())
 
 
-def generate(out: Path, scale: int = 1, seed: int = 7) -> dict[str, int]:
-    """Write the sample sources into `out`; returns the number of rows per file."""
+def eval_prompts(files: list[Path], count: int = 4, min_words: int = 8) -> list[tuple[str, str]]:
+    """(id, prompt) of the first few long-enough items of real eval sets, to leak them on purpose."""
+    found = []
+    for path in sorted(files):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                item = json.loads(line)
+            except ValueError:
+                continue
+            prompt = item.get("prompt") or item.get("question") if isinstance(item, dict) else None
+            if isinstance(prompt, str) and len(prompt.split()) >= min_words:
+                found.append((str(item.get("id", path.stem)), prompt))
+                break
+        if len(found) >= count:
+            break
+    return found
+
+
+def generate(out: Path, scale: int = 1, seed: int = 7, eval_files: list[Path] | None = None) -> dict[str, int]:
+    """Write the sample sources into `out`; returns the number of rows per file. Leaks come from
+    `EVAL_ITEMS` and, when given, from the first items of real eval set files."""
     import pandas as pd
 
     out.mkdir(parents=True, exist_ok=True)
@@ -249,7 +268,7 @@ def generate(out: Path, scale: int = 1, seed: int = 7) -> dict[str, int]:
                             {"role": "assistant", "content": "  "}], "domain": "domain"} for _ in range(10 * scale)]
     chats += [{"messages": [{"role": "user", "content": "Please read my whole history. " + g.support()["messages"][0]["content"] * 40},
                             {"role": "assistant", "content": "Done."}], "domain": "domain"} for _ in range(8 * scale)]
-    for item_id, question in EVAL_ITEMS:  # eval-set leaks, verbatim inside a longer user turn
+    for item_id, question in [*EVAL_ITEMS, *eval_prompts(eval_files or [])]:  # leaks, verbatim in a user turn
         chats.insert(r.randrange(len(chats)), {"messages": [
             {"role": "user", "content": f"{r.choice(OPENERS)} {question}"},
             {"role": "assistant", "content": f"Good question. {g.fill(r.choice(STEPS['technical']))}."}],
