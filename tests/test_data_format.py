@@ -7,6 +7,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mlops.data.format import SnapshotReader, write_snapshot
 from mlops.data.snapshot import list_snapshots, resolve_snapshot, verify_snapshot
@@ -106,3 +108,19 @@ def test_overlong_sample_is_refused(mlops_home):
         write_snapshot({"train": [list(range(17))]}, seq_len=16)
     assert list_snapshots() == []
     assert not [p for p in (mlops_home / ".mlops" / "snapshots").iterdir()]  # staging cleaned up
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 12), seed=st.integers(0, 2**32 - 1), start=st.integers(0, 60))
+def test_any_resume_point_matches_the_uninterrupted_order(n, seed, start):
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_snapshot({"train": [[i + 3] for i in range(n)]}, seq_len=4, root=Path(tmp), shard_size=5)
+        reader = SnapshotReader(folder)
+        whole = list(itertools.islice(reader.global_order(seed), start + 2 * n))
+        resumed = list(itertools.islice(SnapshotReader(folder).global_order(seed, start=start), 2 * n))
+        assert resumed == whole[start:]
+        for epoch in range((start + 2 * n) // n):
+            assert sorted(i for _, i in whole[epoch * n : (epoch + 1) * n]) == list(range(n))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mlops.data.pii import DETECTORS, GATE_PATTERNS, Scrubber, luhn_ok
 
@@ -68,3 +70,14 @@ def test_luhn():
 def test_gate_patterns_never_match_placeholders(scrubber):
     text = scrubber.scrub("mail x@y.com ssn 123-45-6789 ip 8.8.8.8 card 4111111111111111")
     assert all(not re.search(p, text) for p in GATE_PATTERNS.values())
+
+
+@settings(max_examples=60, deadline=None)
+@given(body=st.lists(st.integers(0, 9), min_size=14, max_size=14), sep=st.sampled_from(["", " ", "-"]))
+def test_every_luhn_valid_16_digit_card_is_scrubbed(body, sep):
+    digits = "4" + "".join(map(str, body))
+    check = next(d for d in "0123456789" if luhn_ok(digits + d))
+    card = digits + check
+    grouped = sep.join(card[i : i + 4] for i in range(0, 16, 4))
+    scrubber = Scrubber(["email", "credit_card", "national_id", "ip_address", "phone"])
+    assert scrubber.scrub(f"paid with {grouped} yesterday") == "paid with [CREDIT_CARD] yesterday"

@@ -173,7 +173,12 @@ def publish(staging: Path, root: Path, manifest: dict) -> Path:
         shutil.rmtree(staging, ignore_errors=True)  # same id, same content: a rebuild changes nothing
         return final
     shutil.rmtree(final, ignore_errors=True)  # a leftover without a complete manifest is garbage
-    os.replace(staging, final)
+    try:
+        os.replace(staging, final)
+    except OSError:
+        if not is_complete(final):  # not a concurrent build of the same content that won the race
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
     return final
 
 

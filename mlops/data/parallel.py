@@ -4,6 +4,7 @@ flight at once, so memory stays flat however long the input stream is."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -23,6 +24,7 @@ class OrderedPool:
 
     def __enter__(self) -> OrderedPool:
         if self.workers > 1:
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # its threads do not survive a fork
             # fork: workers inherit the imported modules and the loaded tokenizer instead of reloading them.
             context = multiprocessing.get_context("fork")
             self._pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=self.initializer,
