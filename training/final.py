@@ -74,7 +74,7 @@ def finish(run):
     from evaluation.profile import PROFILE_FILE, load_profile
     from mlops.lineage import Tag
     from training.prepare import FINAL
-    from training.trainer import TRACE, TrainResult
+    from training.trainer import TrainResult
 
     prep, t, tracker = run.prep, run.t, run.tracker
     ckpt = run.saver.last_complete
@@ -99,7 +99,7 @@ def finish(run):
         tracker.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)}, run.step)
         if run.trace is not None:
             run.trace.flush()
-            tracker.log_artifact(prep.ckpt_dir / TRACE, "trace")
+            tracker.log_artifact(run.trace.path, "trace")
         if t.final_model:
             (prep.ckpt_dir / FINAL).write_text(json.dumps(result.as_dict(), indent=2))
         tracker.close("FINISHED")

@@ -54,7 +54,7 @@ def launch(cfg, nproc: int, smoke: bool) -> dict:
     from mlops.tracking import MlflowTracker
     from training.engine import free_port
     from training.prepare import prepare
-    from training.trainer import RUN_ID_ENV, open_tracker
+    from training.runs import RUN_ID_ENV, open_tracker
 
     prep = prepare(cfg, nproc, smoke=smoke)
     if prep.completed is not None:

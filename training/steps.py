@@ -57,8 +57,9 @@ def run_step(run, window) -> dict:
     run.step_seconds += seconds
     window.add(tokens=int(stats[1]), seconds=seconds, loss=loss_value, grad_norm=grad_norm, lr=lr,
                data_wait_s=batch.wait_s)
-    run.write_trace({"step": step, "loss": loss_value.hex(), "grad_norm": float(grad_norm).hex(), "lr": lr,
-                     "position": batch.start, "step_s": seconds, "samples": batch.step_sample_ids})
+    if run.trace is not None:
+        run.trace.write({"step": step, "loss": loss_value.hex(), "grad_norm": float(grad_norm).hex(), "lr": lr,
+                         "position": batch.start, "step_s": seconds, "samples": batch.step_sample_ids})
     return {"save": stats[2] > 0}
 
 
@@ -91,7 +92,7 @@ def incident(run, step: int, reason: str, batch, loss: float, grad_norm: float):
         run.tracker.log_dict(record, "incident.json")
         if run.trace is not None:
             run.trace.flush()
-            run.tracker.log_artifact(run.prep.ckpt_dir / "trace.jsonl", "trace")
+            run.tracker.log_artifact(run.trace.path, "trace")
         run.tracker.set_tags({Tag.STOP_REASON: reason})
         run.tracker.close("FAILED", reason=message[:4000])
     raise TrainingStopped(message)

@@ -9,21 +9,19 @@ steps with guards, metrics, validation and checkpoints -> final model.
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from training.guards import SpikeRule, TrainingStopped
-from training.prepare import FINAL, Prepared, prepare
+from training.prepare import Prepared, prepare
+from training.runs import already_done, open_tracker
+from training.trace import TRACE, TraceLog
 
 log = logging.getLogger(__name__)
-RUN_ID_ENV = "MLOPS_TRAIN_RUN_ID"  # set by the multi-process launcher so every rank joins one run
-TRACE = "trace.jsonl"
 
 
 class StopTraining(Exception):
@@ -63,7 +61,7 @@ def train(cfg, tracker=None, *, report: Callable[[int, dict], None] | None = Non
     world = init_world(cfg.train.deepspeed.backend if cfg.train else "auto")
     prep = prepared or prepare(cfg, world.size)
     if prep.completed is not None:
-        return _already_done(prep, tracker, world.rank)
+        return already_done(prep, tracker, world.rank)
     tracker = tracker if (tracker is not None and world.rank == 0) else open_tracker(prep, world.rank, tracker)
     run = _Run(prep, world, tracker, report)
     try:
@@ -80,42 +78,6 @@ def train(cfg, tracker=None, *, report: Callable[[int, dict], None] | None = Non
         raise
     finally:
         run.release()
-
-
-def open_tracker(prep: Prepared, rank: int, given=None):
-    from training.metrics import NullTracker
-
-    run_id = os.environ.get(RUN_ID_ENV) or prep.resume_manifest.get("run_id")
-    if rank != 0:
-        return NullTracker(getattr(given, "run_id", None) or run_id or "none")
-    from mlops.tracking import MlflowTracker
-
-    cfg = prep.cfg
-    name = cfg.run.run_name or f"train-{cfg.train.mode}-{cfg.base_model}"
-    tags = prep.lineage.as_tags()
-    if run_id:
-        try:
-            return MlflowTracker.start(cfg.run.experiment, run_name=name, tags=tags, resume_run_id=run_id)
-        except Exception as err:  # noqa: BLE001 - the old run is gone (another store): start a new one
-            log.warning("cannot continue MLflow run %s (%s); starting a new run", run_id, err)
-            tags = {**tags, "mlops.source_run_id": run_id}
-    return MlflowTracker.start(cfg.run.experiment, run_name=name, tags=tags)
-
-
-def _already_done(prep: Prepared, tracker, rank: int) -> TrainResult:
-    from mlops.lineage import Tag
-
-    done = prep.completed
-    result = TrainResult(done["run_id"], "FINISHED", done["steps"], done.get("metrics", {}),
-                         Path(done["model_dir"]) if done.get("model_dir") else None, done.get("model_uri"),
-                         Path(done["checkpoint"]) if done.get("checkpoint") else None)
-    log.warning("this exact config already trained in run %s; returning its result (%s)", result.run_id,
-                prep.ckpt_dir / FINAL)
-    if tracker is not None and rank == 0 and tracker.run_id != result.run_id:
-        tracker.set_tags({**prep.lineage.as_tags(), Tag.SOURCE_RUN: result.run_id})
-        tracker.log_metrics({k: v for k, v in result.metrics.items() if isinstance(v, int | float)}, result.steps)
-        tracker.close("FINISHED")
-    return result
 
 
 class _Run:
@@ -168,7 +130,7 @@ class _Run:
         self.spike = SpikeRule(t.guards.spike_factor, t.guards.spike_window, t.guards.spike_warmup)
         self.spike.restore(state.get("spike_history"))
         self.resume_to_first_step = None
-        self._open_trace(truncate_after=self.step)
+        self.trace = TraceLog.open(prep.ckpt_dir / TRACE, truncate_after=self.step) if self.rank0 else None
         torch.set_grad_enabled(True)
         return self._loop()
 
@@ -245,14 +207,14 @@ class _Run:
         t = self.t
         window = Window()
         bar = self._progress()
-        resumed_at = time.perf_counter()
         self.last_save = time.monotonic()
         try:
             while self.step < t.max_steps:
                 out = run_step(self, window)
                 if self.resume_to_first_step is None:
-                    self.resume_to_first_step = time.perf_counter() - resumed_at
-                    self.tracker.log_metrics({"time_to_first_step_s": self.resume_to_first_step}, self.step)
+                    # From engine setup (and checkpoint load, on a resume) to the end of the first step.
+                    self.resume_to_first_step = time.perf_counter() - self.started
+                    self.tracker.log_metrics({"start_to_first_step_s": self.resume_to_first_step}, self.step)
                 if bar is not None:
                     bar.update(1)
                 if self.step % self.prep.cfg.run.log_every == 0 or self.step == t.max_steps:
@@ -332,35 +294,11 @@ class _Run:
         return TrainResult(self.tracker.run_id, "STOPPED", self.step, metrics, stopped=True, reason=reason,
                            checkpoint=self.saver.last_complete)
 
-    # ----------------------------------------------------------------- trace and cleanup
-
-    def _open_trace(self, truncate_after: int) -> None:
-        """Rank 0 records each step's loss (exact, as float hex) and sample ids; a resume drops later lines."""
-        if not self.rank0:
-            return
-        path = self.prep.ckpt_dir / TRACE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        kept = []
-        if path.exists() and truncate_after > 0:
-            for line in path.read_text().splitlines():
-                try:
-                    if json.loads(line)["step"] <= truncate_after:
-                        kept.append(line)
-                except (ValueError, KeyError):
-                    break  # a torn last line from a kill
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(k + "\n" for k in kept))
-        os.replace(tmp, path)
-        self.trace = path.open("a", buffering=1)
-
-    def write_trace(self, record: dict) -> None:
-        if self.trace is not None:
-            self.trace.write(json.dumps(record, separators=(",", ":")) + "\n")
+    # ----------------------------------------------------------------- cleanup
 
     def release(self) -> None:
         if self.trace is not None:
             self.trace.close()
-            self.trace = None
         if self.engine is not None:
             try:
                 self.engine.destroy()
