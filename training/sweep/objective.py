@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol
 
-from mlops.errors import ConfigError, MLOpsError
+from mlops.errors import ConfigError, MLOpsError, did_you_mean
 
 
 class Trainer(Protocol):
@@ -68,46 +68,61 @@ def is_simulated_crash(err: BaseException) -> bool:
 # --------------------------------------------------------------------------- eval objectives
 
 
-def check_eval_objective(suite: str, metric: str) -> None:
-    """An eval objective names a registered suite and a metric that suite's tasks report."""
-    try:
-        from evaluation.suites import discover
-    except ImportError:
-        raise ConfigError(f"sweep.objective='eval/{suite}/{metric}' needs the evaluation stage, which is not "
-                          "installed here. Fix: use a trainer metric such as val_loss.") from None
+def _suite(name: str):
+    from evaluation.suites import discover
     from mlops.errors import NotFoundError
 
     try:
-        found = discover().get(suite)
+        return discover().get(name)
     except NotFoundError as err:
-        raise ConfigError(f"sweep.objective='eval/{suite}/{metric}': {err}. Fix: name a registered suite.") from None
-    known = sorted({t.primary for t in found.tasks} | {"score"})
-    if metric not in known:
-        raise ConfigError(f"sweep.objective='eval/{suite}/{metric}': suite '{suite}' reports {', '.join(known)}. "
-                          "Fix: pick one of those metrics.")
-    _eval_runner()
+        raise ConfigError(f"sweep.objective='eval/{name}/...': {err}. Fix: name a registered eval suite.") from None
 
 
-def _eval_runner():
+def eval_metric_names(suite) -> list[str]:
+    """What an eval objective can name: the suite score, an area, or a task (its primary metric)."""
+    return sorted({"score"} | {t.area for t in suite.tasks} | {t.name for t in suite.tasks})
+
+
+def check_eval_objective(suite: str, metric: str) -> None:
+    """An eval objective names a registered suite and a score that suite reports."""
     try:
-        from evaluation.run import evaluate_model  # noqa: F401
-    except ImportError:
-        raise ConfigError("eval objectives need the evaluation stage's `evaluation.run.evaluate_model`, which this "
-                          "checkout lacks. Fix: use a trainer metric such as val_loss until it lands.") from None
-    return evaluate_model
+        import evaluation.runner  # noqa: F401
+    except ImportError as err:
+        raise ConfigError(f"sweep.objective='eval/{suite}/{metric}' needs the evaluation stage, which cannot be "
+                          f"imported here ({err}). Fix: use a trainer metric such as val_loss.") from None
+    names = eval_metric_names(_suite(suite))
+    if metric not in names:
+        raise ConfigError(f"sweep.objective='eval/{suite}/{metric}': suite '{suite}' does not report '{metric}': "
+                          f"{did_you_mean(metric, names)}. Fix: name its score, an area or a task.")
 
 
-def eval_value(objective, result, cfg, tracker) -> float:
-    """Run the trial's final model through the suite in deployment form and return the metric's mean."""
+def eval_scores(outcome, suite: str) -> dict[str, float]:
+    """Suite score (mean of its tasks' primary metrics, as the eval run logs it), area and task scores."""
+    from evaluation.results import area_scores
+
+    tasks = [s for s in outcome.scores if s.suite == suite]
+    scores = {s.name: s.value for s in tasks}
+    scores.update({a.area: a.value for a in area_scores(tasks)})
+    scores["score"] = sum(s.value for s in tasks) / max(1, len(tasks))
+    return scores
+
+
+def eval_value(objective, result, cfg, tracker, study: str) -> float:
+    """Evaluate the trial's final model in deployment form (served under its profile, lm-eval through the
+    endpoint) on the objective's suite; the eval run links back to the trial run (its source run)."""
+    from evaluation.runner import run_eval
+    from mlops.config import validate_config
+    from mlops.lineage import Tag
+
     if not getattr(result, "model_uri", None):
         raise MLOpsError("an eval objective needs the trial's final model, and the trainer logged none. "
                          "Fix: leave train.final_model=true in the base config.")
     suite, metric = objective.suite_metric
-    scores = _eval_runner()(result.model_uri, [suite], cfg)
-    value = scores.get(f"{suite}/{metric}", scores.get(metric))
-    if value is None:
-        raise MLOpsError(f"eval of {result.model_uri} on suite '{suite}' reported no '{metric}' "
-                         f"(got {sorted(scores)}). Fix: pick a metric the suite reports.")
+    data = {"run": {**cfg.run.model_dump(mode="json"), "run_name": f"{cfg.run.run_name}-eval"},
+            "base_model": cfg.base_model, "eval": cfg.eval.model_dump(mode="json") if cfg.eval else {}}
+    outcome = run_eval(validate_config(data, source=f"the eval of {study}"), result.model_uri, suites=[suite])
+    value = eval_scores(outcome, suite)[metric]
+    tracker.set_tags({Tag.EVAL_RUN: outcome.run_id})
     tracker.log_metrics({f"objective/{objective.metric}": float(value)})
     return float(value)
 
@@ -115,7 +130,7 @@ def eval_value(objective, result, cfg, tracker) -> float:
 def objective_value(objective, result, cfg, tracker) -> float:
     """The trial's value; raises with the reason when it is missing or not finite."""
     if objective.source == "eval":
-        value = eval_value(objective, result, cfg, tracker)
+        value = eval_value(objective, result, cfg, tracker, cfg.run.run_name)
     else:
         metrics = getattr(result, "metrics", {}) or {}
         if objective.metric not in metrics:

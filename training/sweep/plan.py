@@ -101,7 +101,7 @@ class SweepPlan:
         return make_pruner(self.sweep.pruner, self.budget)
 
     def to_attrs(self) -> dict[str, Any]:
-        return {"version": PLAN_VERSION, "study": self.study, "sweep": self.sweep.model_dump(mode="json"),
+        return {"version": PLAN_VERSION, "study": self.study, "sweep": self.sweep.model_dump(mode="json", exclude_unset=True),
                 "base": self.base, "seed": self.seed, "experiment": self.experiment, "plan_hash": self.plan_hash}
 
     @classmethod

@@ -38,19 +38,25 @@ class FakeTrainer:
     stop_exception = FakeStop
 
     def __init__(self, *, smoke_fails: bool = False, crash_calls: tuple[int, ...] = (),
-                 produce: tuple[str, ...] = ("val_loss", "val_perplexity", "loss")) -> None:
+                 produce: tuple[str, ...] = ("val_loss", "val_perplexity", "loss"), log_model: bool = False) -> None:
         self.smoke_fails, self.crash_calls, self.produce = smoke_fails, set(crash_calls), produce
+        self.log_model = log_model
         self.calls: list = []  # configs trained, in order
         self.smoke_calls = 0
         self.shutdowns = 0
+        self._env = None
 
     def _lineage(self, cfg, tracker) -> None:
+        import dataclasses
+
         from mlops.config import config_hash
         from mlops.lineage import Tag, collect_lineage
 
-        tags = collect_lineage(config_hash(cfg), cfg.run.seed, base_model=cfg.base_model,
-                               snapshot_id=cfg.train.snapshot, extra={Tag.STAGE: "train"}).as_tags()
-        tracker.set_tags(tags)
+        if self._env is None:  # the image tag and git state are read once: they cost ~1 s per read
+            self._env = collect_lineage("", 0, extra={Tag.STAGE: "train"})
+        lineage = dataclasses.replace(self._env, config_hash=config_hash(cfg), seed=cfg.run.seed,
+                                      base_model=cfg.base_model, snapshot_id=cfg.train.snapshot)
+        tracker.set_tags(lineage.as_tags())
 
     def train(self, cfg, tracker, report):
         self.calls.append(cfg)
@@ -80,7 +86,8 @@ class FakeTrainer:
                    if k in self.produce or k == "steps"}
         tracker.log_metrics(metrics, t.max_steps)
         tracker.close("FINISHED")
-        return FakeResult(tracker.run_id, "FINISHED", t.max_steps, metrics)
+        uri = f"runs:/{tracker.run_id}/model" if self.log_model else None
+        return FakeResult(tracker.run_id, "FINISHED", t.max_steps, metrics, model_uri=uri)
 
     def smoke(self, cfg, tracker):
         from mlops.errors import MLOpsError
