@@ -138,7 +138,7 @@ def compare(challenger: dict, champion: dict | None, cfg, *, challenger_label: s
                 checks.append(_compare(chal, ref, label, cfg, improve=True))
     if champion is None:
         notes.append("no champion: absolute floors apply")
-        for name, score in sorted(mine.items()):
+        for _name, score in sorted(mine.items()):
             floor = _floor_for(score, cfg)
             if floor is not None:
                 checks.append(_floor(score, floor, cfg))

@@ -2,8 +2,8 @@
 
 Requests from any thread are queued as jobs; the worker runs them in order, so the model is never touched
 concurrently. Scoring jobs (echo + logprobs, what lm-eval's loglikelihood sends) that are waiting together
-are run as one right-padded batch; generation runs one request at a time with a KV cache and streams
-tokens through a callback.
+are run as one right-padded batch; generation jobs waiting together decode as one left-padded batch with a
+KV cache (evaluation.decoding), streaming text through each job's callback.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class _Job:
 class Engine:
     """A causal LM loaded once, served by a single worker thread."""
 
-    def __init__(self, model_dir: Path | str, *, max_batch_tokens: int = 4096) -> None:
+    def __init__(self, model_dir: Path | str, *, max_batch_tokens: int = 4096, max_gen_batch: int = 8) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -70,9 +70,12 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         self.model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32).eval()
         self.max_batch_tokens = max_batch_tokens
+        self.max_gen_batch = max_gen_batch
         self.eos_ids = _eos_ids(self.tokenizer, self.model)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self._texts: dict[int, str] = {}  # token id -> text, for logprobs blocks
         self.batches: list[int] = []  # sizes of scoring batches run (for tests and metrics)
+        self.gen_batches: list[int] = []  # sizes of generation batches run
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._worker = threading.Thread(target=self._run, name="engine-worker", daemon=True)
         self._worker.start()
@@ -96,7 +99,10 @@ class Engine:
         self._worker.join(timeout=10)
 
     def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self.tokenizer.decode([token_id])
+        return text
 
     # ------------------------------------------------------------------ worker
 
@@ -111,16 +117,31 @@ class Engine:
             batch = [job]
             if job.kind == "score":
                 batch += self._drain_scores(sum(len(p) for p in job.prompts))
+            else:
+                batch += self._drain_generations()
             try:
                 if job.kind == "score":
                     self._score_batch(batch)
                 else:
-                    job.future.set_result(self._generate(job))
+                    self._generate_batch(batch)
             except Exception as err:  # noqa: BLE001 - the error belongs to the request, not the worker
                 log.exception("engine job failed")
                 for item in batch:
                     if not item.future.done():
                         item.future.set_exception(err)
+
+    def _drain_generations(self) -> list[_Job]:
+        """Other generation jobs already waiting, up to `max_gen_batch` in all."""
+        taken: list[_Job] = []
+        while len(taken) + 1 < self.max_gen_batch:
+            try:
+                nxt = self._jobs.queue[0]
+            except IndexError:
+                break
+            if nxt is None or nxt.kind != "generate":
+                break
+            taken.append(self._jobs.get())
+        return taken
 
     def _drain_scores(self, tokens: int) -> list[_Job]:
         """Other scoring jobs already waiting, up to the token budget; a generation job stops the drain."""
@@ -174,86 +195,31 @@ class Engine:
         out = []
         for row, prompt in enumerate(prompts):
             n = len(prompt)
-            logprobs = torch.log_softmax(logits[row, :n].float(), dim=-1)  # [n, vocab]; row t predicts t+1
+            rows = logits[row, :n].float()  # row t predicts token t+1
+            # logit - logsumexp is log_softmax without a second [n, vocab] tensor
+            lse = rows.logsumexp(dim=-1, keepdim=True)
             target = torch.tensor(prompt[1:], dtype=torch.long)
-            token_lps = logprobs[:-1].gather(1, target.unsqueeze(1)).squeeze(1).tolist()
-            top_vals, top_ids = logprobs.topk(top_k, dim=-1)
-            tops = [dict(zip(i.tolist(), v.tolist(), strict=True)) for i, v in zip(top_ids, top_vals, strict=True)]
+            token_lps = (rows[:-1].gather(1, target.unsqueeze(1)) - lse[:-1]).squeeze(1).tolist()
+            top_vals, top_ids = rows.topk(top_k, dim=-1) if top_k > 1 else rows.max(dim=-1, keepdim=True)
+            top_vals = top_vals - lse
+            tops = [dict(zip(i, v, strict=True)) for i, v in zip(top_ids.tolist(), top_vals.tolist(), strict=True)]
             next_id = int(top_ids[-1, 0])
             out.append(
                 Scored(
                     tokens=[*prompt, next_id],
-                    token_logprobs=[None, *token_lps, float(top_vals[-1, 0])],
+                    token_logprobs=[None, *token_lps, tops[-1][next_id]],
                     top_logprobs=[None, *tops],
                 )
             )
         return out
 
-    def _generate(self, job: _Job) -> Generated:
-        import torch
+    def _generate_batch(self, jobs: list[_Job]) -> None:
+        from evaluation.decoding import generate_batch
 
-        params = job.params
-        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        inputs = torch.tensor([job.ids], dtype=torch.long)
-        past = None
-        tokens: list[int] = []
-        lps: list[float] = []
-        tops: list[dict[int, float]] = []
-        emitted = 0
-        finish = "length"
-        holdback = max((len(s) for s in params.stop), default=1) - 1
-        text = ""
-        for _ in range(params.max_tokens):
-            if job.cancelled.is_set():
-                finish = "cancelled"
-                break
-            out = self.model(input_ids=inputs, cache=past, use_cache=True)
-            past = out.cache
-            logits = out.logits[0, -1].float()
-            token = _pick(logits, params, generator)
-            logprobs = torch.log_softmax(logits, dim=-1)
-            if params.logprobs:
-                vals, idx = logprobs.topk(params.logprobs)
-                tops.append(dict(zip(idx.tolist(), vals.tolist(), strict=True)))
-            if token in self.eos_ids:
-                finish = "stop"
-                break
-            tokens.append(token)
-            lps.append(float(logprobs[token]))
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            cut = _first_stop(text, params.stop)
-            if cut is not None:
-                text, finish = text[:cut], "stop"
-                break
-            # Hold back what could still become a stop string or half of a multi-byte character.
-            safe = len(text) - holdback
-            if text.endswith("\ufffd"):
-                safe = min(safe, len(text) - 1)
-            if job.on_text and safe > emitted:
-                job.on_text(text[emitted:safe])
-                emitted = safe
-            inputs = torch.tensor([[token]], dtype=torch.long)
-        if job.on_text and len(text) > emitted:
-            job.on_text(text[emitted:])
-        return Generated(text, tokens, lps, tops[: len(tokens)], finish)
-
-
-def _pick(logits, params: GenParams, generator) -> int:
-    import torch
-
-    if params.temperature <= 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits / params.temperature, dim=-1)
-    if params.top_p < 1.0:
-        sorted_probs, sorted_ids = probs.sort(descending=True)
-        keep = sorted_probs.cumsum(0) - sorted_probs < params.top_p  # always keeps the top token
-        probs = torch.zeros_like(probs).scatter(0, sorted_ids[keep], sorted_probs[keep])
-    return int(torch.multinomial(probs, 1, generator=generator))
-
-
-def _first_stop(text: str, stops: list[str]) -> int | None:
-    hits = [text.find(s) for s in stops if s and s in text]
-    return min(hits) if hits else None
+        self.gen_batches.append(len(jobs))
+        for job, result in zip(jobs, generate_batch(self.model, self.tokenizer, self.eos_ids, self.pad_id, jobs),
+                               strict=True):
+            job.future.set_result(result)
 
 
 def _eos_ids(tokenizer, model) -> set[int]:

@@ -41,16 +41,22 @@ class ServerProcess:
         self._log = None
 
     def start(self, timeout: float) -> ServerProcess:
+        """Launch and wait for /health."""
+        self.launch()
+        self.wait_healthy(timeout)
+        return self
+
+    def launch(self) -> ServerProcess:
+        """Start the process without waiting, so the caller can prepare work while the model loads."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("MLFLOW_RUN_ID", None)  # the server is no run of its own
         self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
-        self._wait_healthy(timeout)
         return self
 
-    def _wait_healthy(self, timeout: float) -> None:
+    def wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

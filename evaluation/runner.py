@@ -32,16 +32,26 @@ class EvalOutcome:
     contamination: dict | None = None
 
 
+def prepare_tasks(suites: list[Suite]) -> tuple[list, list]:
+    """lm-eval task objects (multiple-choice, generation), built while the server loads the model."""
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    manager = TaskManager(include_defaults=False)
+    mc = [task_config(s, t) for s in suites for t in s.tasks if t.kind == "multiple_choice"]
+    gen = [task_config(s, t) for s in suites for t in s.tasks if t.kind == "generate"]
+    return (list(get_task_dict(mc, manager).values()) if mc else [],
+            list(get_task_dict(gen, manager).values()) if gen else [])
+
+
 def _lm_eval(server: ServerProcess, hf_dir: Path, name: str, profile: DeploymentProfile, suites: list[Suite],
-             eval_cfg, cache_dir: Path | None, seed: int) -> dict:
+             eval_cfg, cache_dir: Path | None, seed: int, tasks: tuple[list, list] | None = None) -> dict:
     """Run lm-eval in-process against the server; returns the merged lm-eval result dict."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
     common = {"model": name, "max_length": profile.max_context, "num_concurrent": eval_cfg.concurrency,
               "timeout": eval_cfg.request_timeout, "max_retries": 3, "seed": profile.sampling.seed or seed}
-    mc = [task_config(s, t) for s in suites for t in s.tasks if t.kind == "multiple_choice"]
-    gen = [task_config(s, t) for s in suites for t in s.tasks if t.kind == "generate"]
+    mc, gen = tasks or prepare_tasks(suites)
     options = {"task_manager": TaskManager(include_defaults=False), "limit": eval_cfg.limit, "log_samples": True,
                "bootstrap_iters": eval_cfg.bootstrap_iters, "random_seed": seed, "numpy_random_seed": seed,
                "torch_random_seed": seed, "fewshot_random_seed": seed}
@@ -139,12 +149,14 @@ def run_eval(cfg, ref: str, *, suites: list[str] | str | None = None, profile_pa
                                force_profile=forced)
         try:
             with server:
-                server.start(eval_cfg.server_start_timeout)
+                server.launch()
+                tasks = prepare_tasks(suite_objs)  # overlaps the server's model load
+                server.wait_healthy(eval_cfg.server_start_timeout)
                 served_at = time.perf_counter()
                 if on_server:
                     on_server(server)
                 results = _lm_eval(server, model.hf_dir, model.served_name, profile, suite_objs, eval_cfg,
-                                   cache_dir, cfg.run.seed)
+                                   cache_dir, cfg.run.seed, tasks)
         except BaseException as err:
             run.log_artifact(server.log_path, "eval")
             if not server.alive() and not isinstance(err, KeyboardInterrupt):

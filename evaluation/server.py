@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 from evaluation.api_schema import ApiError, ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from evaluation.generation import Engine, GenParams, Generated, Scored
+from evaluation.generation import Engine, Generated, GenParams, Scored
 from evaluation.profile import DeploymentProfile, chat_template_hash, template_of
 
 log = logging.getLogger("mlops.serve")

@@ -206,8 +206,7 @@ def test_a_forced_profile_run_is_labelled(registered, tmp_path):
 def test_serve_refuses_a_missing_ref_before_loading_anything(mlops_home):
     from typer.testing import CliRunner
 
-    from mlops.cli import app, main  # noqa: F401 - main registers nothing; register explicitly below
-    from mlops.cli import _register_stages
+    from mlops.cli import _register_stages, app
 
     _register_stages()
     result = CliRunner().invoke(app, ["serve", "--model", "models:/ghost@production"])

@@ -35,7 +35,7 @@ def test_waiting_scoring_jobs_are_batched_into_one_forward_pass(engine):
 
 def test_a_failing_job_fails_only_its_own_request(engine):
     bad = engine.score([[10**9]])  # out of the vocabulary: the forward pass raises
-    with pytest.raises(Exception):
+    with pytest.raises(IndexError):  # the embedding lookup of an id past the vocabulary
         bad.result(timeout=30)
     assert engine.score([[1, 2, 3]]).result(timeout=30)[0].token_logprobs[0] is None
 
@@ -44,3 +44,42 @@ def test_cancelled_generation_stops_early(engine):
     job = engine.generate([1, 2, 3], GenParams(max_tokens=200), on_text=lambda _t: job.cancelled.set())
     out = job.future.result(timeout=30)
     assert out.finish_reason == "cancelled" and len(out.tokens) < 200
+
+
+def _busy(engine) -> threading.Event:
+    """Occupy the worker with a generation whose first text delta blocks until the returned event is set."""
+    started, gate = threading.Event(), threading.Event()
+
+    def hold(_text: str) -> None:
+        started.set()
+        gate.wait(10)
+
+    engine.generate([1, 2, 3], GenParams(max_tokens=2, stop=[]), on_text=hold)
+    assert started.wait(30), "the worker never started the blocking job"
+    return gate
+
+
+def test_waiting_generations_decode_as_one_batch_with_the_same_greedy_output(engine):
+    texts = ["Hello there", "Where is my parcel? It was due on Monday and", "Refund", "a b c d e f g"]
+    prompts = [engine.tokenizer(t).input_ids for t in texts]
+    alone = [engine.generate(p, GenParams(max_tokens=12)).future.result(timeout=60) for p in prompts]
+    gate = _busy(engine)
+    before = len(engine.gen_batches)
+    jobs = [engine.generate(p, GenParams(max_tokens=12)) for p in prompts]
+    gate.set()
+    together = [job.future.result(timeout=60) for job in jobs]
+    assert engine.gen_batches[before:] == [len(prompts)]
+    for a, b in zip(alone, together, strict=True):
+        assert a.tokens == b.tokens and a.text == b.text and a.finish_reason == b.finish_reason
+        assert b.token_logprobs == pytest.approx(a.token_logprobs, abs=1e-4)
+
+
+def test_batched_rows_keep_their_own_stops_and_lengths(engine):
+    gate = _busy(engine)
+    short = engine.generate([1, 2, 3, 4], GenParams(max_tokens=3))
+    long = engine.generate([5, 6], GenParams(max_tokens=10))
+    gate.set()
+    assert len(short.future.result(timeout=60).tokens) <= 3
+    assert short.future.result().finish_reason in ("length", "stop")
+    out = long.future.result(timeout=60)
+    assert len(out.tokens) == 10 or out.finish_reason == "stop"
