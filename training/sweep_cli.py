@@ -154,9 +154,28 @@ def spaces() -> None:
     typer.echo(f"pruners: {', '.join(PRUNERS.names())}\nsamplers: {', '.join(SAMPLERS.names())}")
 
 
-@app.command("dashboard-url")
-def dashboard_url(storage: str | None = StorageOpt) -> None:
-    """The storage URL to pass to `optuna-dashboard` (the same studies, live)."""
+@app.command("dashboard")
+def dashboard(
+    storage: str | None = StorageOpt,
+    host: str = typer.Option("127.0.0.1", help="address optuna-dashboard listens on"),
+    port: int = typer.Option(8080, help="port optuna-dashboard listens on"),
+    print_url: bool = typer.Option(False, "--print-url", help="only print the storage URL for optuna-dashboard"),
+) -> None:
+    """Open optuna-dashboard (`pip install optuna-dashboard`) on the same storage the sweeps use."""
+    import os
+    import shutil
+    import sys
+
     from training.sweep import storage as st
 
-    typer.echo(st.resolve_url(storage))
+    url = st.resolve_url(storage)  # with the driver named: optuna-dashboard opens it through SQLAlchemy
+    exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).with_name("optuna-dashboard"))
+    if print_url or not Path(exe).exists():
+        typer.echo(url)
+        if not print_url:
+            typer.echo("optuna-dashboard is not installed: `pip install optuna-dashboard` (it keeps torch as is), "
+                       f"then `optuna-dashboard {url}`", err=True)
+        return
+    st.check_reachable(url)
+    typer.echo(f"optuna-dashboard on http://{host}:{port} for {st.display_url(url)}")
+    os.execv(exe, [exe, url, "--host", host, "--port", str(port)])
