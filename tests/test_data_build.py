@@ -189,11 +189,12 @@ def test_a_build_that_dies_half_way_leaves_nothing_that_looks_complete(build, ml
 
 
 @pytest.mark.slow
-def test_two_workers_give_the_same_snapshot_as_one(build):
+def test_workers_and_index_location_do_not_change_the_snapshot(build):
     records = good_records(60)
     one = build(records, workers=1)
     two = build(records, workers=2, force=True)
-    assert one.snapshot_id == two.snapshot_id
+    in_memory = build(records, workers=2, dedup={"index": "memory"}, force=True)
+    assert one.snapshot_id == two.snapshot_id == in_memory.snapshot_id
 
 
 def test_packing_puts_several_records_in_one_sequence(build):

@@ -100,3 +100,30 @@ def test_selection_takes_exactly_and_interleave_keeps_shares_in_every_prefix():
 def test_history_ratio():
     assert history_take(700, 0.3, 10_000) == 300  # 7:3
     assert history_take(700, 0.3, 120) == 120  # capped by what the snapshot holds
+
+
+def test_disk_index_keeps_the_same_records_as_datasketch_in_memory(tmp_path):
+    from mlops.data.diskindex import DiskExactIndex, DiskNearIndex, connect
+    from mlops.data.sample import Gen
+
+    g = Gen(11)
+    texts = []
+    for _ in range(150):
+        row = g.support() if g.rng.random() < 0.5 else g.general()
+        texts.append(" ".join(m["content"] for m in row["messages"]))
+    texts += [t + " Thanks." for t in texts[:20]] + texts[20:30]  # near and exact copies
+    db = connect(tmp_path / "idx.sqlite")
+    disk_keys, mem_keys = Keys(), Keys()
+    disk = (DiskExactIndex(db, disk_keys), DiskNearIndex(db, 0.7, 128, disk_keys))
+    memory = (ExactIndex(mem_keys), NearIndex(0.7, 128, mem_keys))
+    verdicts = []
+    for i, text in enumerate(texts):
+        key, h, sig = f"r-{i:016x}", exact_hash(text), signature(text, 128, 3)
+        pair = []
+        for exact, near in (disk, memory):
+            dup = exact.check_add(h, key)
+            pair.append(dup is not None or near.check_add(sig, key) is not None)
+        verdicts.append(pair)
+    assert all(d == m for d, m in verdicts)
+    assert sum(d for d, _ in verdicts[150:]) == 30  # every injected copy caught
+    assert disk[1].b * disk[1].r <= 128 and (disk[1].b, disk[1].r) == (memory[1].lsh.b, memory[1].lsh.r)

@@ -183,7 +183,7 @@ class BatchWriter:
                 f"build uses seq_len={self.data.seq_len} and tokenizer {self.inputs.tokenizer['hash'][:12]}. "
                 "Fix: mix only snapshots built with the same base model tokenizer and data.seq_len."
             )
-        new_train = self.writers["train"].count + len(self.writers["train"]._rows)
+        new_train = self.writers["train"].total
         ratio = self.data.mix.history.ratio
         take = history_take(new_train, ratio, len(reader))
         rng = np.random.default_rng([self.inputs.seed, 7])

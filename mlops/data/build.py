@@ -19,6 +19,7 @@ from typing import Any
 from mlops.data import clean, tokenize
 from mlops.data.batches import BatchWriter, GateError
 from mlops.data.dedup import ExactIndex, Keys, NearIndex, load_prior
+from mlops.data.diskindex import DiskExactIndex, DiskNearIndex, connect
 from mlops.data.format import hash_files, publish, read_manifest, snapshot_id_for, staging_dir
 from mlops.data.gate import SUITES, Gate, GateParams
 from mlops.data.inputs import Inputs, cached_snapshot, prepare, remember_build
@@ -95,8 +96,20 @@ class Build:
     def clean(self, pool: OrderedPool) -> tuple[clean.Cleaner, dict[str, int], dict[str, Path]]:
         dedup = self.data.dedup
         keys = Keys()
-        exact = ExactIndex(keys)
-        near = NearIndex(dedup.threshold, dedup.num_perm, keys) if dedup.near else None
+        db = connect(self.work / "dedup.sqlite") if dedup.index == "disk" else None
+        try:
+            if db is not None:
+                exact = DiskExactIndex(db, keys)
+                near = DiskNearIndex(db, dedup.threshold, dedup.num_perm, keys) if dedup.near else None
+            else:
+                exact = ExactIndex(keys)
+                near = NearIndex(dedup.threshold, dedup.num_perm, keys) if dedup.near else None
+            return self._clean(pool, exact, near)
+        finally:
+            if db is not None:
+                db.close()
+
+    def _clean(self, pool: OrderedPool, exact: Any, near: Any) -> tuple[clean.Cleaner, dict[str, int], dict[str, Path]]:
         params = self.dedup_params()
         for sid, path in self.inputs.priors:
             self.counters[f"dedup.prior_records.{sid}"] = load_prior(path, sid, params, exact, near)

@@ -52,6 +52,10 @@ class DedupConfig(StrictModel):
     threshold: float = Field(0.7, gt=0, lt=1, description="estimated Jaccard similarity that makes a near duplicate")
     num_perm: int = Field(128, ge=16, le=1024, description="MinHash permutations")
     shingle: int = Field(3, ge=1, description="word n-gram size of the MinHash shingles")
+    index: Literal["disk", "memory"] = volatile(
+        "disk", description="where the dedup indexes live: disk (SQLite, flat memory) or memory (datasketch "
+        "MinHashLSH); both keep the same records"
+    )
     against_snapshots: list[str] = Field(
         default_factory=list, description="earlier snapshot ids whose records count as already seen"
     )

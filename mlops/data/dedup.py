@@ -4,7 +4,8 @@ Exact: a 64-bit hash of the normalised text (lowercased words, punctuation and s
 Near: MinHash signatures of word shingles (computed in worker processes) in a MinHash LSH index (datasketch),
 queried and filled in record order in the main process so the result does not depend on worker timing.
 A snapshot stores the hashes and signatures of the records it holds (`dedup/`), so a later build can treat
-them as already seen.
+them as already seen. `ExactIndex`/`NearIndex` keep the index in memory (datasketch MinHashLSH);
+mlops.data.diskindex keeps the same banding on disk, so memory stays flat however large the input.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -128,6 +130,9 @@ class NearIndex:
         self.lsh.insert(key if isinstance(key, int) else self.keys.encode(key), mh)
         return None
 
+    def insert(self, key: int, sig: np.ndarray) -> None:
+        self.lsh.insert(key, self._minhash(sig))
+
 
 class IndexWriter:
     """Streams the hashes and signatures of the records a snapshot keeps to disk (memory stays flat)."""
@@ -158,21 +163,13 @@ class IndexWriter:
         self.count += len(hashes)
 
     def finish(self, folder: Path, params: dict) -> None:
+        from mlops.data.format import npy_from_raw
+
         self._exact.close()
         self._sigs.close()
         (folder / "dedup").mkdir(parents=True, exist_ok=True)
-        exact = np.lib.format.open_memmap(folder / EXACT_FILE, mode="w+", dtype=np.uint64, shape=(self.count,))
-        sigs = np.lib.format.open_memmap(folder / MINHASH_FILE, mode="w+", dtype=np.uint32,
-                                         shape=(self.count, self.num_perm))
-        raw_exact = np.memmap(self.paths[0], dtype="<u8", mode="r") if self.count else np.zeros(0)
-        raw_sigs = np.memmap(self.paths[1], dtype="<u4", mode="r") if self.count else np.zeros(0)
-        for start in range(0, self.count, 4096):
-            end = min(self.count, start + 4096)
-            exact[start:end] = raw_exact[start:end]
-            sigs[start:end] = np.asarray(raw_sigs[start * self.num_perm : end * self.num_perm]).reshape(-1, self.num_perm)
-        exact.flush()
-        sigs.flush()
-        del exact, sigs, raw_exact, raw_sigs
+        npy_from_raw(self.paths[0], folder / EXACT_FILE, np.dtype("<u8"), (self.count,))
+        npy_from_raw(self.paths[1], folder / MINHASH_FILE, np.dtype("<u4"), (self.count, self.num_perm))
         (folder / PARAMS_FILE).write_text(json.dumps(params, sort_keys=True) + "\n")
 
 
@@ -186,7 +183,7 @@ def save_index(folder: Path, exact: list[int], sigs: list[np.ndarray], params: d
     (folder / PARAMS_FILE).write_text(json.dumps(params, sort_keys=True) + "\n")
 
 
-def load_prior(folder: Path, snapshot_id: str, params: dict, exact: ExactIndex, near: NearIndex | None) -> int:
+def load_prior(folder: Path, snapshot_id: str, params: dict, exact: Any, near: Any) -> int:
     """Add an earlier snapshot's records to the indexes; returns how many were added."""
     params_path = folder / PARAMS_FILE
     if not params_path.exists():
@@ -209,6 +206,6 @@ def load_prior(folder: Path, snapshot_id: str, params: dict, exact: ExactIndex, 
     for i, h in enumerate(hashes.tolist()):
         exact.check_add(int(h), -(start + i))
     if near is not None:
-        for i, sig in enumerate(np.load(folder / MINHASH_FILE)):
-            near.lsh.insert(-(start + i), near._minhash(sig))
+        for i, sig in enumerate(np.load(folder / MINHASH_FILE, mmap_mode="r")):
+            near.insert(-(start + i), np.asarray(sig))
     return len(hashes)

@@ -108,8 +108,25 @@ def snapshot_id_for(files: Mapping[str, str], tokenizer_hash: str, config_hash: 
 # --------------------------------------------------------------------------- writing
 
 
+def npy_from_raw(raw: Path, final: Path, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    """Turn a file of raw little-endian C-order values into a .npy file (header + the same bytes), by plain
+    file copies: no array in memory and no mapped pages, however large the file."""
+    expected = int(np.prod(shape)) * dtype.itemsize
+    if raw.stat().st_size != expected:
+        raise MLOpsError(f"'{raw}' holds {raw.stat().st_size} bytes, expected {expected} for {shape}; the build "
+                         "was interrupted while writing. Fix: run the build again.")
+    tmp = final.with_name(f".{final.name}.tmp")
+    with tmp.open("wb") as out, raw.open("rb") as src:
+        header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+        np.lib.format.write_array_header_1_0(out, header)
+        shutil.copyfileobj(src, out, 1 << 20)
+    os.replace(tmp, final)
+    raw.unlink()
+
+
 class ShardWriter:
-    """Appends fixed-length samples to one split; a shard is flushed every `shard_size` samples."""
+    """Appends fixed-length samples to one split. Rows stream to raw files on disk and become a shard's
+    .npy arrays every `shard_size` samples, so memory does not grow with the shard or the input."""
 
     def __init__(self, folder: Path, seq_len: int, pad_id: int, shard_size: int = DEFAULT_SHARD_SIZE) -> None:
         self.folder = folder
@@ -117,10 +134,21 @@ class ShardWriter:
         self.pad_id = pad_id
         self.shard_size = shard_size
         self.shards: list[dict] = []
-        self.count = 0
-        self._rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        self._meta: list[dict] = []
+        self.count = 0  # samples in flushed shards
+        self.pending = 0  # samples written since the last flush
+        self._files: dict[str, Any] = {}
         folder.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def total(self) -> int:
+        return self.count + self.pending
+
+    def _raw(self, array: str) -> Path:
+        return self.folder / f".pending.{array}.raw"
+
+    def _open(self) -> None:
+        self._files = {a: self._raw(a).open("wb") for a in ARRAYS}
+        self._files["meta"] = (self.folder / ".pending.meta.jsonl").open("w", encoding="utf-8")
 
     def add(self, input_ids: Sequence[int], loss_mask: Sequence[int] | None, meta: Mapping[str, Any]) -> None:
         n = len(input_ids)
@@ -129,32 +157,35 @@ class ShardWriter:
                 f"sample '{meta.get('id')}' has {n} tokens; a sample needs 1..{self.seq_len} (seq_len). "
                 "Fix: drop or truncate it before writing, or raise data.seq_len."
             )
+        if not self._files:
+            self._open()
         ids = np.full(self.seq_len, self.pad_id, dtype=np.int32)
         ids[:n] = np.asarray(input_ids, dtype=np.int32)
         attn = np.zeros(self.seq_len, dtype=np.uint8)
         attn[:n] = 1
         loss = np.zeros(self.seq_len, dtype=np.uint8)
         loss[:n] = 1 if loss_mask is None else np.asarray(loss_mask, dtype=np.uint8)
-        self._rows.append((ids, attn, loss))
-        self._meta.append(dict(meta))
-        if len(self._rows) >= self.shard_size:
+        for array, row in zip(ARRAYS, (ids, attn, loss), strict=True):
+            self._files[array].write(row.astype(np.dtype(DTYPES[array]).newbyteorder("<"), copy=False).tobytes())
+        self._files["meta"].write(json.dumps(dict(meta), sort_keys=True, ensure_ascii=False) + "\n")
+        self.pending += 1
+        if self.pending >= self.shard_size:
             self.flush()
 
     def flush(self) -> None:
-        if not self._rows:
+        if not self.pending:
             return
+        for fh in self._files.values():
+            fh.close()
+        self._files = {}
         name = f"shard-{len(self.shards):05d}"
-        for pos, array in enumerate(ARRAYS):
-            stacked = np.stack([row[pos] for row in self._rows]).astype(DTYPES[array], copy=False)
-            final = self.folder / f"{name}.{array}.npy"
-            tmp = self.folder / f".{name}.{array}.tmp.npy"
-            np.save(tmp, stacked)
-            os.replace(tmp, final)
-        lines = "".join(json.dumps(m, sort_keys=True, ensure_ascii=False) + "\n" for m in self._meta)
-        atomic_write_text(self.folder / f"{name}.meta.jsonl", lines)
-        self.shards.append({"name": name, "start": self.count, "count": len(self._rows)})
-        self.count += len(self._rows)
-        self._rows, self._meta = [], []
+        for array in ARRAYS:
+            dtype = np.dtype(DTYPES[array]).newbyteorder("<")
+            npy_from_raw(self._raw(array), self.folder / f"{name}.{array}.npy", dtype, (self.pending, self.seq_len))
+        os.replace(self.folder / ".pending.meta.jsonl", self.folder / f"{name}.meta.jsonl")
+        self.shards.append({"name": name, "start": self.count, "count": self.pending})
+        self.count += self.pending
+        self.pending = 0
 
     def close(self) -> dict:
         self.flush()

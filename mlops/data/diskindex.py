@@ -1,0 +1,82 @@
+"""Dedup indexes on disk (SQLite in the build's work folder), so memory stays flat as the input grows.
+
+`DiskNearIndex` is MinHash LSH with the band count and width datasketch's MinHashLSH picks for the threshold
+and number of permutations: a record is a near-duplicate candidate when any of its b bands of r signature
+rows collides with an earlier record's. Each band bucket keeps the first key (record id, or snapshot#row)
+that filled it; a bucket exists exactly when some earlier record hashed into it, so the same records are
+kept as with the in-memory index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+
+from mlops.data.dedup import Keys
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None)
+    # A scratch index in a folder that is deleted after the build: durability buys nothing here.
+    db.execute("PRAGMA journal_mode=OFF")
+    db.execute("PRAGMA synchronous=OFF")
+    db.execute("PRAGMA cache_size=-16000")  # 16 MB page cache, whatever the input size
+    return db
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+class DiskExactIndex:
+    def __init__(self, db: sqlite3.Connection, keys: Keys) -> None:
+        self.db = db
+        self.keys = keys
+        db.execute("CREATE TABLE IF NOT EXISTS exact (h INTEGER PRIMARY KEY, key TEXT NOT NULL)")
+
+    def check_add(self, h: int, key: str | int) -> str | None:
+        h = _signed(h)
+        row = self.db.execute("SELECT key FROM exact WHERE h = ?", (h,)).fetchone()
+        if row is not None:
+            return row[0]
+        self.db.execute("INSERT INTO exact VALUES (?, ?)", (h, self.keys.decode(key) if isinstance(key, int) else key))
+        return None
+
+
+class DiskNearIndex:
+    def __init__(self, db: sqlite3.Connection, threshold: float, num_perm: int, keys: Keys) -> None:
+        from datasketch import MinHashLSH
+
+        probe = MinHashLSH(threshold=threshold, num_perm=num_perm)  # only for its choice of (b, r)
+        self.b, self.r = probe.b, probe.r
+        self.db = db
+        self.keys = keys
+        self.num_perm = num_perm
+        db.execute("CREATE TABLE IF NOT EXISTS bands (h INTEGER PRIMARY KEY, key TEXT NOT NULL)")
+        self._query = f"SELECT min(key) FROM bands WHERE h IN ({','.join('?' * self.b)})"
+
+    def bands(self, sig: np.ndarray) -> list[int]:
+        raw = np.asarray(sig, dtype="<u4")
+        out = []
+        for i in range(self.b):
+            band = i.to_bytes(2, "little") + raw[i * self.r : (i + 1) * self.r].tobytes()
+            out.append(_signed(int.from_bytes(hashlib.blake2b(band, digest_size=8).digest(), "little")))
+        return out
+
+    def check_add(self, sig: np.ndarray, key: str | int) -> str | None:
+        """The key of an earlier near duplicate, else None (and index this one)."""
+        hashes = self.bands(sig)
+        earlier = self.db.execute(self._query, hashes).fetchone()[0]
+        if earlier is not None:
+            return earlier
+        self._insert(hashes, self.keys.decode(key) if isinstance(key, int) else key)
+        return None
+
+    def insert(self, key: int, sig: np.ndarray) -> None:
+        self._insert(self.bands(sig), self.keys.decode(key))
+
+    def _insert(self, hashes: list[int], key: str) -> None:
+        self.db.executemany("INSERT OR IGNORE INTO bands VALUES (?, ?)", [(h, key) for h in hashes])
