@@ -76,7 +76,9 @@ def test_sweep_prunes_nests_lineage_tagged_trials_and_survives_a_crash(mlops_hom
     pruned, crashed = runs["unit-trial-1"], runs["unit-trial-2"]
     assert pruned.data.tags[Tag.SWEEP_TRIAL_STATE] == "PRUNED" and pruned.info.status == "FINISHED"
     assert "pruned by the median pruner at step 2" in pruned.data.tags[Tag.STOP_REASON]
-    assert pruned.data.metrics["last/val_loss"] > runs["unit-trial-0"].data.metrics["val_loss"]
+    assert pruned.data.metrics["val_loss"] > runs["unit-trial-0"].data.metrics["val_loss"]  # its last metrics
+    assert pruned.data.metrics["val_loss"] == pytest.approx(float(pruned.data.tags[Tag.STOP_REASON].split("=")[1][:-1]),
+                                                            rel=1e-4)
     assert crashed.info.status == "FAILED" and crashed.data.tags[Tag.SWEEP_TRIAL_STATE] == "FAIL"
     assert "SimulatedCrash: fake crash" in crashed.data.tags[Tag.FAILURE_REASON]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from mlops.errors import NotFoundError
 from mlops.lineage import Tag
-from training.sweep.trial import HASH_ATTR, MODEL_ATTR, REASON_ATTR, RUN_ATTR, STEP_ATTR
+from training.sweep.trial import HASH_ATTR, MODEL_ATTR, REASON_ATTR, RUN_ATTR, STEP_ATTR, WORKER_ATTR
 
 PLOTS = {
     "optimization_history": "plot_optimization_history",
@@ -38,6 +38,7 @@ def trial_rows(study) -> list[dict[str, Any]]:
             "mlflow_run_id": t.user_attrs.get(RUN_ATTR), "duration_s": round(duration, 3) if duration else None,
             "last_step": last_step, "stopped_at_step": t.user_attrs.get(STEP_ATTR),
             "config_hash": t.user_attrs.get(HASH_ATTR), "model_uri": t.user_attrs.get(MODEL_ATTR),
+            "worker": t.user_attrs.get(WORKER_ATTR),
             "fail_reason": t.user_attrs.get(REASON_ATTR),
         })
     return rows

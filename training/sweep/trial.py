@@ -8,7 +8,9 @@ ends in Optuna and in MLflow with the same verdict: COMPLETE, PRUNED (last metri
 from __future__ import annotations
 
 import math
+import os
 import shutil
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +28,8 @@ REASON_ATTR = "fail_reason"
 MODEL_ATTR = "model_uri"
 OVERRIDES_ATTR = "overrides"
 STEP_ATTR = "stopped_at_step"
+WORKER_ATTR = "worker"
+WORKER = f"{socket.gethostname()}:{os.getpid()}"
 
 
 @dataclass
@@ -61,6 +65,10 @@ def trial_dir(plan: SweepPlan, number: int) -> Path:
     return mlops_dir() / "sweeps" / plan.study / f"trial-{number:04d}"
 
 
+def trial_name(plan: SweepPlan, number: int) -> str:
+    return f"{plan.study}-trial-{number}"
+
+
 def trial_config(ctx: Context, trial, values: dict, root: int):
     """The trial's own config: base + sampled values, in the parent's experiment, own checkpoint folder."""
     from mlops.config import validate_config
@@ -69,7 +77,7 @@ def trial_config(ctx: Context, trial, values: dict, root: int):
     plan = ctx.plan
     data = apply_values(plan.params, values, plan.base)
     set_dotted(data, "run.experiment", ctx.experiment)
-    set_dotted(data, "run.run_name", f"{plan.study}-trial-{trial.number}")
+    set_dotted(data, "run.run_name", trial_name(plan, trial.number))
     set_dotted(data, "train.checkpoint.dir", str(trial_dir(plan, root) / "checkpoints"))
     cfg = validate_config(data, source=f"trial {trial.number}")
     if any(spec.key.startswith("data.") for spec in plan.params.values()):
@@ -92,25 +100,24 @@ def run_trial(ctx: Context, trial, root: int | None = None) -> Outcome:
     root = trial.number if root is None else root
     tracker = None
     pruned_at: list[int] = []
-    last: dict[str, float] = {}
     try:
+        # The run exists before anything can fail, so every trial, even one whose config is refused, has one.
+        tags = {Tag.SWEEP_STUDY: plan.study, Tag.SWEEP_TRIAL: trial.number, Tag.SWEEP_TRIAL_STATE: "RUNNING"}
+        tracker = ctx.start_tracker(ctx.experiment, trial_name(plan, trial.number), tags, ctx.parent_run_id)
+        outcome.run_id = tracker.run_id
+        trial.set_user_attr(RUN_ATTR, tracker.run_id)
+        trial.set_user_attr(WORKER_ATTR, WORKER)
         values = suggest(trial, plan.params)
         outcome.params = values
+        tracker.log_params({f"sweep.{k}": v for k, v in values.items()})
         trial.set_user_attr(OVERRIDES_ATTR, [f"{plan.params[k].key}={v}" for k, v in values.items()])
         cfg = trial_config(ctx, trial, values, root)
         trial.set_user_attr(HASH_ATTR, config_hash(cfg))
-        tags = {Tag.SWEEP_STUDY: plan.study, Tag.SWEEP_TRIAL: trial.number, Tag.SWEEP_TRIAL_STATE: "RUNNING"}
-        tracker = ctx.start_tracker(ctx.experiment, cfg.run.run_name, tags, ctx.parent_run_id)
-        outcome.run_id = tracker.run_id
-        trial.set_user_attr(RUN_ATTR, tracker.run_id)
-        tracker.log_params({f"sweep.{k}": v for k, v in values.items()})
 
         def report(step: int, metrics: dict) -> None:
             value = metrics.get(obj.intermediate)
             if value is None:
                 return
-            last.clear()
-            last.update({k: float(v) for k, v in metrics.items() if isinstance(v, int | float)})
             if not math.isfinite(value):
                 raise MLOpsError(f"{obj.intermediate} is {value} at step {step}: the trial diverged.")
             trial.report(obj.sign * float(value), step)
@@ -128,11 +135,11 @@ def run_trial(ctx: Context, trial, root: int | None = None) -> Outcome:
             trial.set_user_attr(MODEL_ATTR, result.model_uri)
         ctx.study.tell(trial, outcome.value)
         outcome.state = "COMPLETE"
-        _finish(tracker, "COMPLETE", {f"objective/{obj.metric}": outcome.value})
+        _finish(tracker, "COMPLETE")
     except _Pruned as why:
         outcome.state, outcome.reason = "PRUNED", str(why)
         ctx.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        _finish(tracker, "PRUNED", {f"last/{k}": v for k, v in last.items()}, reason=str(why))
+        _finish(tracker, "PRUNED", reason=str(why))
     except KeyboardInterrupt:
         outcome.reason = "interrupted"
         _fail(ctx, trial, tracker, outcome.reason, status="KILLED")
@@ -149,15 +156,13 @@ def run_trial(ctx: Context, trial, root: int | None = None) -> Outcome:
     return outcome
 
 
-def _finish(tracker, state: str, metrics: dict, reason: str | None = None) -> None:
+def _finish(tracker, state: str, reason: str | None = None) -> None:
+    """Mark the verdict on the run. Its metrics are the trainer's: a pruned run's latest values are those of
+    the validation that pruned it."""
     if tracker is None:
         return
     tracker.set_tags({Tag.SWEEP_TRIAL_STATE: state, **({Tag.STOP_REASON: reason} if reason else {})})
-    if metrics:
-        tracker.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)})
     tracker.close("FINISHED")  # a no-op when the trainer closed it already
-    if hasattr(tracker, "flush"):
-        tracker.flush()
 
 
 def _fail(ctx: Context, trial, tracker, reason: str, status: str = "FAILED") -> None:

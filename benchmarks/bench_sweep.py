@@ -1,0 +1,185 @@
+"""Sweep speed, measured side by side in one run on the tiny model.
+
+1. Per-trial overhead: the same training run (same config, same final model) launched alone through the
+   training stage, and run as a sweep trial (claim, sample, nested MLflow run, pruning reports, tell,
+   heartbeats). Alternating A/B/B/A, median wall times. Goal: trial / alone <= 1.05.
+2. Workers: the same number of trials on one PostgreSQL study with one worker (`mlops sweep run`) and with
+   two (`mlops sweep run` + `mlops sweep worker`), each configuration using all cores (torch threads =
+   cores / workers). Reported: total wall time (process start, smoke check, trials) and the trial phase alone
+   (first trial start to last trial end, from the study). Expectation on 2 cores: <= 0.65.
+
+    python benchmarks/bench_sweep.py [--repeats 3] [--trials 6] [--pg postgresql://postgres@127.0.0.1:5432/postgres]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+TINY = REPO / "configs" / "train" / "tiny.yaml"
+QUIET = lambda message: None  # noqa: E731
+
+
+def base_overrides(model_path: str, snapshot: str, max_steps: int) -> list[str]:
+    return [f"base_model={model_path}", f"train.snapshot={snapshot}", f"train.max_steps={max_steps}",
+            "train.eval_every=4", "train.checkpoint_every=4", "train.progress=false", "train.lr=0.001",
+            "train.smoke.min_tokens_per_s=0"]
+
+
+def overhead(model_path: str, snapshot: str, repeats: int, max_steps: int, work: Path) -> tuple[float, list, list]:
+    from mlops.config import load_config
+    from training.prepare import prepare
+    from training.sweep import runner as rn
+    from training.sweep import storage as st
+    from training.sweep.session import run_sweep
+    from training.sweep.testing import sweep_yaml
+    from training.trainer import train
+
+    overrides = base_overrides(model_path, snapshot, max_steps)
+    path = sweep_yaml(work / "overhead.yaml", base=TINY, base_overrides=overrides, study="overhead",
+                      params={"lr": {"key": "train.lr", "type": "float", "low": 1e-4, "high": 1e-2, "log": True}},
+                      pruner="none", n_trials=1, heartbeat_interval=10, enqueue=[{"lr": 0.001}])
+    print("preparing: a one-trial sweep (smoke check, study, parent run) ...", flush=True)
+    first = run_sweep(path, [], log=QUIET)  # warms every import and JIT, creates study and parent run
+    plan = rn.stored_plan(rn.load_study(rn.open_study_storage(st.resolve_url()), "overhead"))
+    store = rn.open_study_storage(st.resolve_url(), plan)
+    study = rn.load_study(store, "overhead", plan, seed=plan.seed)
+    trainer = rn.default_trainer()
+    ctx = rn.context(plan, study, trainer, parent_run_id=first.parent_run_id, experiment="sweep-overhead", log=QUIET)
+
+    def alone(i: int) -> float:
+        cfg = load_config(TINY, [*overrides, "run.experiment=sweep-overhead", f"train.checkpoint.dir={work / f'alone-{i}'}"])
+        started = time.perf_counter()
+        train(cfg, prepared=prepare(cfg, 1))
+        return time.perf_counter() - started
+
+    def trial() -> float:
+        study.enqueue_trial({"lr": 0.001}, skip_if_exists=False)
+        started = time.perf_counter()
+        outcome = rn.work(ctx, store)
+        elapsed = time.perf_counter() - started
+        assert [o.state for o in outcome] == ["COMPLETE"], outcome
+        return elapsed
+
+    alone_s, trial_s = [], []
+    for i in range(repeats):
+        order = (alone, trial) if i % 2 == 0 else (trial, alone)
+        for fn in order:
+            seconds = fn(i) if fn is alone else fn()
+            (alone_s if fn is alone else trial_s).append(seconds)
+            print(f"  {'alone' if fn is alone else 'trial'} run {i}: {seconds:.2f} s", flush=True)
+    trainer.shutdown()
+    return statistics.median(trial_s) / statistics.median(alone_s), alone_s, trial_s
+
+
+def _database(admin_url: str) -> tuple[str, object]:
+    import psycopg
+
+    admin = psycopg.connect(admin_url, autocommit=True, connect_timeout=3)
+    name = f"mlops_bench_{uuid.uuid4().hex[:10]}"
+    admin.execute(f'CREATE DATABASE "{name}"')
+    return f"{admin_url.rsplit('/', 1)[0]}/{name}", (admin, name)
+
+
+def _drop(handle) -> None:
+    admin, name = handle
+    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin.close()
+
+
+def sweep_wall(workers: int, url: str, sweep_file: Path, env: dict) -> tuple[float, float]:
+    import optuna
+
+    threads = str(max(1, (os.cpu_count() or 2) // workers))
+    env = {**env, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    cmd = [sys.executable, "-m", "mlops", "sweep"]
+    started = time.perf_counter()
+    procs = [subprocess.Popen([*cmd, "run", "--config", str(sweep_file), "--storage", url], env=env, cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
+    for _ in range(workers - 1):
+        procs.append(subprocess.Popen([*cmd, "worker", "--study", "bench", "--storage", url, "--wait", "900"],
+                                      env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for proc in procs:
+        out, _ = proc.communicate(timeout=3600)
+        if proc.returncode != 0:
+            raise SystemExit(f"sweep process failed:\n{out[-4000:]}")
+    total = time.perf_counter() - started
+    study = optuna.load_study(study_name="bench", storage=url.replace("postgresql://", "postgresql+psycopg://"))
+    trials = study.get_trials()
+    assert len(trials) == int(sweep_file.read_text().split("n_trials: ")[1].split()[0])
+    phase = (max(t.datetime_complete for t in trials) - min(t.datetime_start for t in trials)).total_seconds()
+    return total, phase
+
+
+def workers_ratio(model_path: str, snapshot: str, n_trials: int, max_steps: int, admin_url: str, work: Path, home: Path):
+    from training.sweep.testing import sweep_yaml
+
+    sweep_file = sweep_yaml(work / "workers.yaml", base=TINY, study="bench", space="lr", params={}, pruner="none",
+                            base_overrides=[*base_overrides(model_path, snapshot, max_steps), "train.final_model=false"],
+                            n_trials=n_trials, heartbeat_interval=5)
+    from training.engine import DIST_VARS
+
+    clean = {k: v for k, v in os.environ.items() if k not in DIST_VARS}  # the in-process runs above set them
+    env = {**clean, "MLOPS_HOME": str(home), "MLFLOW_TRACKING_URI": f"sqlite:///{home / '.mlops' / 'mlflow.db'}",
+           "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
+    results = {}
+    for workers in (1, 2):
+        url, handle = _database(admin_url)
+        try:
+            print(f"  {workers} worker(s), {n_trials} trials ...", flush=True)
+            results[workers] = sweep_wall(workers, url, sweep_file, env)
+            print(f"  {workers} worker(s): total {results[workers][0]:.1f} s, trial phase {results[workers][1]:.1f} s",
+                  flush=True)
+        finally:
+            _drop(handle)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=24, help="optimizer steps per trial")
+    parser.add_argument("--pg", default=os.environ.get("MLOPS_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"))
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    work = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
+    home = work / "home"
+    home.mkdir()
+    os.environ["MLOPS_HOME"] = str(home)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    from mlops.base_models import import_base_model
+    from training.testing import make_snapshot
+
+    model = import_base_model("tiny", root=REPO / ".mlops" / "test-cache" / "models")["path"]
+    snapshot = make_snapshot()
+    print(f"== per-trial overhead ({args.repeats} pairs, tiny model, {args.steps} steps, final model logged)")
+    ratio, alone_s, trial_s = overhead(model, snapshot, args.repeats, args.steps, work)
+    print(f"alone median {statistics.median(alone_s):.2f} s, trial median {statistics.median(trial_s):.2f} s")
+    print(f"per-trial overhead ratio (trial / alone): {ratio:.3f}  (goal <= 1.05)")
+    print(f"== workers on PostgreSQL ({args.trials} trials, {args.steps} steps each, {os.cpu_count()} cores)")
+    try:
+        import psycopg
+
+        psycopg.connect(args.pg, connect_timeout=3).close()
+    except Exception as err:  # noqa: BLE001
+        print(f"workers benchmark skipped: PostgreSQL at {args.pg} is unreachable ({err})")
+        return
+    results = workers_ratio(model, snapshot, args.trials, args.steps, args.pg, work, home)
+    (one_total, one_phase), (two_total, two_phase) = results[1], results[2]
+    print(f"two workers / one worker, total wall time: {two_total / one_total:.3f}  (expect <= 0.65 on 2 cores)")
+    print(f"two workers / one worker, trial phase:     {two_phase / one_phase:.3f}")
+
+
+if __name__ == "__main__":
+    main()
