@@ -81,6 +81,7 @@ def deployment(path: str, limit: int, tasks: list[str] | None, batch_size: int, 
         tasks_ready = prepare_tasks(suites)  # as `mlops eval` does: overlaps the model load
         server.wait_healthy(600)
         served = time.perf_counter()
+        print(f"server healthy after {served - started:.1f} s")
         _lm_eval(server, Path(path), "bench", profile, suites, cfg, None, 1234, tasks_ready)
     done = time.perf_counter()
     return done - started, done - served

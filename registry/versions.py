@@ -77,6 +77,8 @@ def _client():
 
 def find_hf_folder(root: Path, depth: int = 3) -> Path:
     """The HF folder inside a downloaded model tree (the pyfunc layout puts it under artifacts/)."""
+    if (Path(root) / "config.json").exists():
+        return Path(root)  # a plain HF folder: no need to import mlflow's pyfunc machinery
     from mlops.hf_pyfunc import hf_folder_in
 
     try:
