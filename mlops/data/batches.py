@@ -15,9 +15,10 @@ import numpy as np
 
 from mlops.data.dedup import IndexWriter
 from mlops.data.format import SPLITS, ShardWriter, SnapshotReader, atomic_write_json
-from mlops.data.gate import Gate, share_deviation
+from mlops.data.gate import GateResult, GateSpecParams, SuiteSpec, share_deviation, validate_batch
 from mlops.data.inputs import Inputs
 from mlops.data.mixing import history_take
+from mlops.data.tokenize import tokenize_chunk
 from mlops.errors import ConfigError, MLOpsError
 
 
@@ -70,13 +71,41 @@ class Packer:
         self._ids, self._masks, self._metas, self._len = [], [], [], 0
 
 
+def batch_frame(rows: list[dict], tokens: list[tuple[np.ndarray, np.ndarray]], targets: dict[str, float]):
+    """The frame the gate validates: one row per tokenized record (gate.COLUMNS)."""
+    import pandas as pd
+
+    domains = [row["record"].domain for row in rows]
+    return pd.DataFrame({
+        "record_id": [row["record"].record_id for row in rows],
+        "source": [row["record"].source for row in rows],
+        "line": [row["record"].line for row in rows],
+        "domain": domains,
+        "kind": [row["record"].kind for row in rows],
+        "text": [row["record"].text for row in rows],
+        "text_chars": [len(row["record"].text) for row in rows],
+        "text_hash": [f"{row['exact']:016x}" for row in rows],
+        "n_tokens": [len(ids) for ids, _ in tokens],
+        "loss_tokens": [int(mask.sum()) for _, mask in tokens],
+        "loss_share": [float(mask.mean()) if len(mask) else 0.0 for _, mask in tokens],
+        "domain_share_dev": share_deviation(domains, targets),
+    })
+
+
+def check_batch(task: tuple[list[dict], GateSpecParams]) -> tuple[list, GateResult]:
+    """Tokenize and validate one batch (in a worker process): GE is most of a build's time."""
+    rows, (suite, params, targets) = task
+    tokens = tokenize_chunk([row["record"] for row in rows])
+    return tokens, validate_batch(suite, params, batch_frame(rows, tokens, targets))
+
+
 class BatchWriter:
-    def __init__(self, inputs: Inputs, staging: Path, gate: Gate, targets: dict[str, float]) -> None:
+    def __init__(self, inputs: Inputs, staging: Path, suite: SuiteSpec, targets: dict[str, float]) -> None:
         data = inputs.data
         self.inputs = inputs
         self.data = data
         self.staging = staging
-        self.gate = gate
+        self.suite = suite
         self.targets = targets
         pad_id = inputs.tokenizer["pad_id"]
         self.writers = {s: ShardWriter(staging / s, data.seq_len, pad_id, data.shard_size) for s in SPLITS}
@@ -89,37 +118,16 @@ class BatchWriter:
         self.history: dict[str, Any] | None = None
         self.indexes: dict[str, dict] = {}
 
-    def frame(self, rows: list[dict], tokens: list[tuple[np.ndarray, np.ndarray]]):
-        import pandas as pd
-
-        domains = [row["record"].domain for row in rows]
-        return pd.DataFrame({
-            "record_id": [row["record"].record_id for row in rows],
-            "source": [row["record"].source for row in rows],
-            "line": [row["record"].line for row in rows],
-            "domain": domains,
-            "kind": [row["record"].kind for row in rows],
-            "text": [row["record"].text for row in rows],
-            "text_chars": [len(row["record"].text) for row in rows],
-            "text_hash": [f"{row['exact']:016x}" for row in rows],
-            "n_tokens": [len(ids) for ids, _ in tokens],
-            "loss_tokens": [int(mask.sum()) for _, mask in tokens],
-            "loss_share": [float(mask.mean()) if len(mask) else 0.0 for _, mask in tokens],
-            "domain_share_dev": share_deviation(domains, self.targets),
-        })
-
-    def gate_and_write(self, number: int, rows: list[dict], tokens: list) -> None:
-        frame = self.frame(rows, tokens)
-        result = self.gate.validate(frame)
-        entry = {"batch": number, "records": len(rows), "suite": self.gate.spec.key,
-                 "domains": dict(sorted(Counter(frame["domain"]).items())),
+    def gate_and_write(self, number: int, rows: list[dict], tokens: list, result: GateResult) -> None:
+        entry = {"batch": number, "records": len(rows), "suite": self.suite.key,
+                 "domains": dict(sorted(Counter(row["record"].domain for row in rows).items())),
                  "status": "passed" if result.success else "quarantined"}
         if result.success:
             self.write(rows, tokens)
             self.batches.append(entry)
             return
         entry["failed"] = result.failed
-        folder = self.quarantine(number, rows, frame, result.report)
+        folder = self.quarantine(number, rows, batch_frame(rows, tokens, self.targets), result.report)
         entry["report"] = folder.relative_to(self.staging).as_posix() + "/validation.json"
         self.batches.append(entry)
         if self.data.gate.on_batch_failure == "fail":
@@ -138,7 +146,7 @@ class BatchWriter:
             )
             raise GateError(
                 f"batch {number} ({len(rows)} records, first {rows[0]['record'].source} line "
-                f"{rows[0]['record'].line}) failed expectation suite {self.gate.spec.key}: {reasons}. "
+                f"{rows[0]['record'].line}) failed expectation suite {self.suite.key}: {reasons}. "
                 f"The GE report and the batch are in {keep}. Fix: correct those records at their source, or set "
                 "data.gate.on_batch_failure=quarantine to build without this batch."
             )

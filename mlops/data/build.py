@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from mlops.data import clean, tokenize
-from mlops.data.batches import BatchWriter, GateError
+from mlops.data.batches import BatchWriter, GateError, check_batch
 from mlops.data.dedup import ExactIndex, Keys, NearIndex, load_prior
 from mlops.data.diskindex import DiskExactIndex, DiskNearIndex, connect
 from mlops.data.format import hash_files, publish, read_manifest, snapshot_id_for, staging_dir
-from mlops.data.gate import SUITES, Gate, GateParams
+from mlops.data.gate import SUITES, GateParams
 from mlops.data.inputs import Inputs, cached_snapshot, prepare, remember_build
 from mlops.data.manifest import assemble_manifest, log_build
 from mlops.data.mixing import domain_rng, interleave, plan_mix, select
@@ -47,10 +47,6 @@ class BuildResult:
 def _init_workers(cfg_json: str, eval_index, model_path: str) -> None:
     clean.init_worker(cfg_json, eval_index)
     tokenize.init_worker(model_path)
-
-
-def _tokenize_rows(rows: list[dict]) -> list:
-    return tokenize.tokenize_chunk([row["record"] for row in rows])
 
 
 def issue_code(issue: Issue) -> str:
@@ -148,14 +144,17 @@ class Build:
             for d, n in plan.take.items() if n > 0
         }
         mixed = (row for _, row in interleave(streams, plan.take))
-        for number, (rows, tokens) in enumerate(pool.map_pairs(_tokenize_rows, chunked(mixed, self.data.batch_size))):
-            writer.gate_and_write(number, rows, tokens)
+        gate = (self.data.gate.suite, self.gate_params(plan.targets), plan.targets)
+        tasks = ((rows, gate) for rows in chunked(mixed, self.data.batch_size))
+        for number, ((rows, _), (tokens, result)) in enumerate(pool.map_pairs(check_batch, tasks)):
+            writer.gate_and_write(number, rows, tokens, result)
 
     def run(self) -> dict:
         inputs, data = self.inputs, self.data
         cfg_json = data.model_dump_json()
         eval_index = self.eval_index()
         tokenize.preload(inputs.model["path"])
+        import great_expectations  # noqa: F401 - imported once here, so forked workers inherit it
         started = time.time()
         with OrderedPool(data.workers, _init_workers, (cfg_json, eval_index, inputs.model["path"])) as pool:
             cleaner, available, paths = self.clean(pool)
@@ -163,7 +162,7 @@ class Build:
             self.counters.update({f"mix.dropped_domain.{d}": n for d, n in plan.dropped_domains.items()})
             self.counters.update({f"mix.not_selected.{d}": available[d] - plan.take.get(d, 0)
                                   for d in available if d in plan.take})
-            writer = BatchWriter(inputs, self.staging, self.gate(plan.targets), plan.targets)
+            writer = BatchWriter(inputs, self.staging, SUITES.get(data.gate.suite), plan.targets)
             self.batches(pool, plan, paths, writer)
         writer.add_history()
         writer.close()
@@ -171,14 +170,13 @@ class Build:
         shutil.rmtree(self.work)
         return assemble_manifest(self, cleaner, plan, writer, eval_index, time.time() - started)
 
-    def gate(self, targets: dict[str, float]) -> Gate:
+    def gate_params(self, targets: dict[str, float]) -> GateParams:
         data = self.data
-        params = GateParams(
+        return GateParams(
             min_chars=data.filters.min_chars, max_chars=data.filters.max_chars, min_tokens=data.gate.min_tokens,
             max_tokens=data.seq_len, max_dup_ratio=data.gate.max_dup_ratio, min_loss_share=data.gate.min_loss_share,
             tolerance=data.mix.tolerance, domains=sorted(targets) if data.mix.ratios else [],
         )
-        return Gate(data.gate.suite, params)
 
     def eval_index(self):
         from mlops.data.decontam import EvalIndex

@@ -144,6 +144,19 @@ class Gate:
         return GateResult(bool(result.success), failed, result.to_json_dict(), len(result.results))
 
 
+GateSpecParams = tuple[str, GateParams, dict]  # (suite name, params, domain targets) sent with each batch
+_GATES: dict[str, Gate] = {}
+
+
+def validate_batch(suite: str, params: GateParams, frame) -> GateResult:
+    """Validate with a Gate built once per process and suite/params (workers keep theirs between batches)."""
+    key = f"{suite}|{params!r}"
+    if key not in _GATES:
+        _GATES.clear()
+        _GATES[key] = Gate(suite, params)
+    return _GATES[key].validate(frame)
+
+
 def share_deviation(domains: list[str], targets: dict[str, float]) -> list[float]:
     """Per row: |share of its domain in this batch - target| beyond the 1/n rounding allowance."""
     n = len(domains)

@@ -68,7 +68,7 @@ def assemble_manifest(build: Any, cleaner: Any, plan: Any, writer: Any, eval_ind
         "counters": dict(sorted(counters.items())),
         "mixing": {**plan.as_dict(), "achieved": achieved(domain_records), "achieved_records": domain_records,
                    "history": writer.history},
-        "gate": {"suite": writer.gate.spec.key, "expectations": writer.gate.expectations,
+        "gate": {"suite": writer.suite.key, "expectations": len(writer.suite.build(build.gate_params(plan.targets))),
                  "on_batch_failure": data.gate.on_batch_failure, "batch_size": data.batch_size,
                  "passed": len(passed), "quarantined": len(quarantined)},
         "batches": writer.batches,
