@@ -110,9 +110,10 @@ def main() -> None:
     print(f"peak RSS {large}x/{small}x:         {ratios['rss_ratio']:.2f}x "
           f"({one['peak_rss_mb']:.0f} MB -> {four['peak_rss_mb']:.0f} MB)")
     share = ratios["worker_cpu_share"]
+    loads = ", ".join(f"{r['load_before']:.1f}" for r in runs)
     print(f"speed-up 2 workers vs 1:  {ratios['worker_speedup']:.2f}x (best of two: {best1:.1f} s -> {best2:.1f} s "
           f"at {small}x; {ratios['cpus']} CPUs, load average before the runs: "
-          f"{', '.join(f'{r['load_before']:.1f}' for r in runs)})")
+          f"{loads})")
     print(f"work in the worker pool:  {share:.0%} of the build's CPU time with 2 workers "
           f"(ideal 2-core speed-up {1 / (1 - share + share / 2):.2f}x)")
     if args.json:
