@@ -154,7 +154,7 @@ def main() -> None:
     parser.add_argument("--eval-models", default="tiny", help="models for the eval wall-time comparison")
     parser.add_argument("--tasks", default="", help="comma-separated task subset (default: all)")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--requests", type=int, default=32, help="requests per throughput level")
     parser.add_argument("--max-tokens", type=int, default=16)
     args = parser.parse_args()

@@ -46,7 +46,7 @@ class EvalConfig(StrictModel):
         True, description="render multiple-choice prompts through the chat template and system prompt"
     )
     batch_size: int = Field(8, ge=1, description="loglikelihood prompts per request")
-    concurrency: int = Field(4, ge=1, description="requests in flight against the server")
+    concurrency: int = Field(8, ge=1, description="requests in flight against the server")
     bootstrap_iters: int = Field(1000, ge=0, description="lm-eval bootstrap iterations for non-mean metrics")
     use_cache: bool = volatile(True, description="reuse responses cached per model version and profile")
     server_start_timeout: float = volatile(300.0, gt=0, description="seconds to wait for the server's /health")

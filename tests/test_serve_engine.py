@@ -83,3 +83,16 @@ def test_batched_rows_keep_their_own_stops_and_lengths(engine):
     assert short.future.result().finish_reason in ("length", "stop")
     out = long.future.result(timeout=60)
     assert len(out.tokens) == 10 or out.finish_reason == "stop"
+
+
+def test_prompts_sharing_a_context_score_as_if_alone(engine):
+    context = engine.tokenizer("Question: Which planet is known as the Red Planet?\nAnswer:").input_ids
+    choices = [" Mars", " Jupiter", " Venus", " Saturn is the answer"]
+    prompts = [context + engine.tokenizer(c).input_ids for c in choices] + [context + engine.tokenizer(" Mars").input_ids]
+    together = engine.score(prompts, top_k=3).result(timeout=60)
+    for prompt, got in zip(prompts, together, strict=True):
+        want = engine.score([prompt], top_k=3).result(timeout=60)[0]
+        assert got.tokens == want.tokens
+        assert got.token_logprobs[1:] == pytest.approx(want.token_logprobs[1:], abs=1e-5)
+        for a, b in zip(got.top_logprobs[1:], want.top_logprobs[1:], strict=True):
+            assert list(a) == list(b) and list(a.values()) == pytest.approx(list(b.values()), abs=1e-5)
