@@ -275,3 +275,43 @@ def test_eval_objective_naming_an_unknown_score_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="did you mean 'general'"):
         parse_objective("eval/genral/score", "maximize")
     assert parse_objective("eval/general/knowledge", "maximize").sign == -1.0
+
+
+def test_asha_prunes_a_trial_behind_its_rung_and_hyperband_runs_the_study(mlops_home, tmp_path, snapshot):
+    asha = sweep(tmp_path, snapshot, FakeTrainer(), n_trials=3, pruner={"name": "asha", "min_resource": 2},
+                 enqueue=[{"lr": 3e-3}, {"lr": 1e-4}])
+    assert [o.state for o in asha.outcomes[:2]] == ["COMPLETE", "PRUNED"]
+    assert "pruned by the asha pruner at step 2" in asha.outcomes[1].reason
+    band = sweep(tmp_path, snapshot, FakeTrainer(), ["sweep.study=band"], n_trials=4,
+                 pruner={"name": "hyperband", "min_resource": 2, "reduction_factor": 2})
+    assert len(band.outcomes) == 4 and {o.state for o in band.outcomes} <= {"COMPLETE", "PRUNED"}
+
+
+def test_data_mix_param_builds_each_trials_snapshot_through_the_data_stage(mlops_home, tmp_path, snapshot,
+                                                                          monkeypatch):
+    import mlops.data.build as build
+    from mlops.config import read_yaml
+
+    built = []
+
+    def fake_build(cfg, tracker=None, **kwargs):
+        built.append(cfg.data.mix.history.ratio)
+        return build.BuildResult(snapshot, Path("/unused"), {}, noop=len(built) > 1)
+
+    monkeypatch.setattr(build, "build_snapshot", fake_build)
+    base = read_yaml(TINY)
+    base["data"] = {"sources": [{"path": "data/x.jsonl"}], "mix": {"history": {"snapshot": "snap-old", "ratio": 0.3}}}
+    path = tmp_path / "base.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(base))
+    params = {"history_ratio": {"key": "data.mix.history.ratio", "low": 0.1, "high": 0.5}}
+    trainer = FakeTrainer()
+    from training.sweep.session import run_sweep
+
+    run_sweep(sweep_yaml(tmp_path / "mix.yaml", base=path, params=params, pruner="none", n_trials=2,
+                         base_overrides=[f"train.snapshot={snapshot}", "train.max_steps=4", "train.eval_every=2"],
+                         enqueue=[{"history_ratio": 0.2}, {"history_ratio": 0.4}]), [], trainer=trainer, log=QUIET)
+    assert built == [0.2, 0.4]
+    assert [c.data.mix.history.ratio for c in trainer.calls] == [0.2, 0.4]
+    assert all(c.train.snapshot == snapshot for c in trainer.calls)

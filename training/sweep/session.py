@@ -43,7 +43,7 @@ def _check_resume(store, plan: SweepPlan) -> dict | None:
     if stored and stored.get("plan_hash") != plan.plan_hash:
         raise ConfigError(
             f"study '{plan.study}' in {st.display_url(store.url)} was created by a different sweep (its space, "
-            "objective, direction, pruner, sampler or base config differ). Fix: pass --study <new name> for a "
+            "objective, direction, pruner, sampler, base config or its snapshot differ). Fix: pass --study <new name> for a "
             "new study, or resume it with the config it was created with."
         )
     return study.user_attrs
@@ -126,10 +126,10 @@ def run_sweep(config: Path | str | None, overrides: list[str] = (), *, study: st
 
         done = rn.load_study(store, plan.study)
         summary.best = results.log_results(parent, done, plan)
-        if register if register is not None else plan.sweep.register_best:
+        if plan.sweep.register_best if register is None else register:
             reg = results.register_best(done, name=plan.sweep.register_name or plan.study)
             summary.registered = f"models:/{reg['registered_model']}/{reg['version']}"
-            parent.set_tags({"mlops.model_ref": summary.registered})
+            parent.set_tags({Tag.MODEL_REF: summary.registered})
     except BaseException as err:
         reason = str(err) if isinstance(err, MLOpsError) else f"{type(err).__name__}: {err}"
         parent.close("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", reason=reason[:4000])
@@ -188,6 +188,7 @@ def run_worker(study: str, storage: str | None = None, *, wait_s: float = 0.0, m
     found = _find_study(probe, study, wait_s)
     plan = rn.stored_plan(found)
     info = rn.study_info(found)
+    _pin_snapshot(plan)  # this machine must hold the study's snapshot: fail now, not in every trial
     if start_tracker is None:
         from mlops.tracking import tracking_uri
 
