@@ -150,3 +150,21 @@ def test_nproc_from_mlflow_arrives_as_float_text():
     assert _nproc("2.0") == 2 and _flag("True", "smoke") is True
     with pytest.raises(ConfigError, match="whole number"):
         _nproc("1.5")
+
+
+def test_batches_are_cut_to_their_longest_sample_with_labels_only_on_the_loss_mask():
+    import numpy as np
+
+    from mlops.data.format import Sample
+    from training.data_loader import to_tensors
+
+    def sample(ids, attn, loss, name):
+        return Sample(np.array(ids, np.int32), np.array(attn, np.uint8), np.array(loss, np.uint8), name)
+
+    a = sample([5, 6, 7, 0, 0, 0], [1, 1, 1, 0, 0, 0], [0, 1, 1, 0, 0, 0], "a")
+    b = sample([8, 9, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0], "b")
+    mb = to_tensors([a, b])
+    assert tuple(mb.input_ids.shape) == (2, 3) and mb.sample_ids == ["a", "b"]
+    assert mb.labels.tolist() == [[-100, 6, 7], [-100, -100, -100]]
+    assert mb.tokens == 5 and mb.loss_tokens == 2
+    assert tuple(to_tensors([a], max_len=2).input_ids.shape) == (1, 2)

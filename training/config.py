@@ -78,6 +78,7 @@ class TrainConfig(StrictModel):
         None, ge=1, description="sequences per optimizer step; when set, grad_accum follows from the world size"
     )
     grad_clip: float = Field(1.0, ge=0, description="clip the global grad norm (0 = off)")
+    max_seq_len: int | None = Field(None, ge=8, description="cut every sample to this many tokens (default: none)")
     checkpoint_every: int = volatile(50, ge=1, description="save a checkpoint every N steps")
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     eval_every: int = volatile(50, ge=1, description="validation loss every N steps")

@@ -27,6 +27,7 @@ class MicroBatch:
     labels: object
     tokens: int  # real tokens (attention mask) in this micro batch
     sample_ids: list[str]
+    loss_tokens: int = 0  # predicted positions with a label (after the causal shift)
 
 
 @dataclass
@@ -69,21 +70,33 @@ def open_snapshot(snapshot_id: str, *, verify: bool = True) -> tuple[Path, dict]
     return folder, read_manifest(folder) or {}
 
 
-def to_tensors(samples: list) -> MicroBatch:
+def to_tensors(samples: list, max_len: int | None = None) -> MicroBatch:
+    """Stack samples, cut to the last real token of the batch (or `max_len`), labels -100 off the loss mask.
+
+    Snapshot rows are padded to the snapshot's seq_len; trailing padding changes nothing for a causal model
+    (no real token attends to it, no label lies on it), so it is dropped instead of computed.
+    """
     import torch
 
-    ids = torch.from_numpy(np.stack([s.input_ids for s in samples]).astype(np.int64))
-    attn = torch.from_numpy(np.stack([s.attention_mask for s in samples]).astype(np.int64))
-    loss = np.stack([s.loss_mask for s in samples]).astype(bool) & np.stack([s.attention_mask for s in samples]).astype(bool)
+    attn_np = np.stack([s.attention_mask for s in samples])
+    real = np.flatnonzero(attn_np.any(axis=0))
+    length = int(real[-1]) + 1 if real.size else 1
+    if max_len:
+        length = min(length, max_len)
+    ids = torch.from_numpy(np.stack([s.input_ids[:length] for s in samples]).astype(np.int64))
+    attn = torch.from_numpy(attn_np[:, :length].astype(np.int64))
+    loss = np.stack([s.loss_mask[:length] for s in samples]).astype(bool) & attn_np[:, :length].astype(bool)
     labels = ids.clone()
     labels[~torch.from_numpy(loss)] = IGNORE_INDEX
-    return MicroBatch(ids, attn, labels, int(attn.sum()), [s.sample_id for s in samples])
+    return MicroBatch(ids, attn, labels, int(attn.sum()), [s.sample_id for s in samples],
+                      int((labels[:, 1:] != IGNORE_INDEX).sum()))
 
 
 class RankBatches:
     """Yields the micro batches of each optimizer step for one rank, from any global position."""
 
-    def __init__(self, reader, *, seed: int, micro: int, accum: int, world: int, rank: int, start: int = 0):
+    def __init__(self, reader, *, seed: int, micro: int, accum: int, world: int, rank: int, start: int = 0,
+                 max_len: int | None = None):
         if len(reader) < micro * world:
             raise MLOpsError(
                 f"the training split has {len(reader)} samples, fewer than one micro step across all ranks "
@@ -98,6 +111,7 @@ class RankBatches:
                 "Fix: resume with the global batch the checkpoint was written with (train.global_batch_size)."
             )
         self.position = start
+        self.max_len = max_len
 
     @property
     def epoch(self) -> int:
@@ -110,7 +124,7 @@ class RankBatches:
         micro = []
         for j in range(self.accum):
             offset = (j * self.world + self.rank) * self.micro
-            micro.append(to_tensors([self.reader.get(i) for i in indices[offset : offset + self.micro]]))
+            micro.append(to_tensors([self.reader.get(i) for i in indices[offset : offset + self.micro]], self.max_len))
         step_ids: list[str] = []
         if all_ids:
             mine = {(j * self.world + self.rank) * self.micro: mb.sample_ids for j, mb in enumerate(micro)}
@@ -122,9 +136,10 @@ class RankBatches:
         return batch
 
 
-def validation_batches(reader, *, micro: int, world: int, rank: int, limit: int | None) -> Iterator[MicroBatch]:
+def validation_batches(reader, *, micro: int, world: int, rank: int, limit: int | None,
+                       max_len: int | None = None) -> Iterator[MicroBatch]:
     """This rank's share of the validation split, in file order (no shuffling: every eval sees the same)."""
     count = len(reader) if limit is None else min(limit, len(reader))
     mine = list(range(rank, count, world))
     for i in range(0, len(mine), micro):
-        yield to_tensors([reader.get(k) for k in mine[i : i + micro]])
+        yield to_tensors([reader.get(k) for k in mine[i : i + micro]], max_len)

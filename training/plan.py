@@ -14,10 +14,17 @@ import numpy as np
 from training.metrics import count_params, flops_per_token, measured_peak_flops, memory_plan
 
 
-def mean_fill(reader, probe: int = 256) -> float:
-    """Fraction of real tokens per sequence, from the first samples of the split."""
+def lengths(reader, max_len: int | None, probe: int = 256) -> tuple[float, int]:
+    """(mean, max) real tokens per sample over the first samples of the split, after any `max_len` cut.
+    Batches are cut to their longest sample, so these, not the padded seq_len, drive cost and memory."""
     n = min(probe, len(reader))
-    return float(np.mean([reader.get(i).attention_mask.mean() for i in range(n)])) if n else 1.0
+    if not n:
+        return float(reader.seq_len), reader.seq_len
+    real = [int(np.flatnonzero(reader.get(i).attention_mask)[-1]) + 1 if reader.get(i).attention_mask.any() else 0
+            for i in range(n)]
+    cap = min(max_len or reader.seq_len, reader.seq_len)
+    real = [min(r, cap) for r in real]
+    return float(np.mean(real)), max(max(real), 1)
 
 
 def warmup_step_seconds(model, micro_batch, accum: int, device: str, repeats: int = 2) -> float:
@@ -46,10 +53,11 @@ def make_plan(model, prep, reader, micro_batch, device: str, *, measure: bool = 
     t = prep.train
     mc = model.config
     layers, hidden = mc.num_hidden_layers, mc.hidden_size
-    seq = reader.seq_len
+    mean_len, max_len = lengths(reader, t.max_seq_len)
     counts = count_params(model)
-    fpt = flops_per_token(counts, layers=layers, hidden=hidden, seq_len=seq)
-    tokens = t.max_steps * prep.global_batch * seq * mean_fill(reader)
+    fpt = flops_per_token(counts, layers=layers, hidden=hidden, seq_len=round(mean_len))
+    tokens = t.max_steps * prep.global_batch * mean_len
+    seq = max_len
     memory = memory_plan(counts, zero_stage=t.zero_stage, world=prep.world_size, micro=prep.micro, seq_len=seq,
                          layers=layers, hidden=hidden, heads=mc.num_attention_heads, vocab=mc.vocab_size)
     peak = t.peak_flops or measured_peak_flops(device)

@@ -17,7 +17,7 @@ def run_step(run, window) -> dict:
 
     engine, t, dev = run.engine, run.t, run.world.device
     step = run.step + 1
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     batch = run.batches.next_step(all_ids=run.rank0)
     loss_sum = torch.zeros((), dtype=torch.float64)
     tokens = 0
@@ -25,6 +25,8 @@ def run_step(run, window) -> dict:
         out = engine(input_ids=mb.input_ids.to(dev), attention_mask=mb.attention_mask.to(dev),
                      labels=mb.labels.to(dev))
         loss = out.loss
+        if mb.loss_tokens == 0:
+            loss = out.logits.sum() * 0.0  # nothing to learn here; the model's mean over zero labels is NaN
         if t.debug.nan_at_step == step:
             loss = loss * float("nan")
         if t.debug.spike_at_step == step:
@@ -59,7 +61,8 @@ def run_step(run, window) -> dict:
                data_wait_s=batch.wait_s)
     if run.trace is not None:
         run.trace.write({"step": step, "loss": loss_value.hex(), "grad_norm": float(grad_norm).hex(), "lr": lr,
-                         "position": batch.start, "step_s": seconds, "samples": batch.step_sample_ids})
+                         "position": batch.start, "step_s": seconds,
+                         "step_cpu_s": time.process_time() - cpu_started, "samples": batch.step_sample_ids})
     return {"save": stats[2] > 0}
 
 
@@ -110,7 +113,7 @@ def validate(run) -> dict:
     engine.eval()
     with torch.no_grad():
         for mb in validation_batches(run.val_reader, micro=run.prep.micro, world=run.world.size,
-                                     rank=run.world.rank, limit=run.t.eval_samples):
+                                     rank=run.world.rank, limit=run.t.eval_samples, max_len=run.t.max_seq_len):
             n = int((mb.labels[:, 1:] != -100).sum())
             if n == 0:
                 continue

@@ -113,7 +113,7 @@ class _Run:
         model.to(w.device)
         resuming = prep.resume_from is not None
         first = RankBatches(self.reader, seed=seed, micro=prep.micro, accum=prep.accum, world=w.size,
-                            rank=w.rank).next_step().micro[0]
+                            rank=w.rank, max_len=t.max_seq_len).next_step().micro[0]
         from training.plan import describe, make_plan
 
         self.plan = make_plan(model, prep, self.reader, first, w.device, measure=not resuming)
@@ -126,7 +126,8 @@ class _Run:
         self.saver = self._saver()
         state = self._resume() if resuming else {}
         self.batches = RankBatches(self.reader, seed=seed, micro=prep.micro, accum=prep.accum, world=w.size,
-                                   rank=w.rank, start=int(state.get("data", {}).get("position", 0)))
+                                   rank=w.rank, start=int(state.get("data", {}).get("position", 0)),
+                                   max_len=t.max_seq_len)
         self.spike = SpikeRule(t.guards.spike_factor, t.guards.spike_window, t.guards.spike_warmup)
         self.spike.restore(state.get("spike_history"))
         self.resume_to_first_step = None
