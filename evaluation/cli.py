@@ -31,6 +31,7 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="interface to listen on"),
     port: int = typer.Option(8000, min=1, max=65535),
     name: str | None = typer.Option(None, help="model id the server answers to (default: from the ref)"),
+    threads: int | None = typer.Option(None, min=1, help="torch threads (default: cores - 1, or MLOPS_SERVE_THREADS)"),
 ) -> None:
     """Serve a model version over an OpenAI-compatible API, configured by its deployment profile."""
     from evaluation.profile import ProfileMismatchError, check_template, choose_eval_profile, read_profile
@@ -48,7 +49,7 @@ def serve(
     served = name or resolved.served_name
     typer.echo(f"serving {served} ({resolved.hf_dir}) on http://{host}:{port}/v1, profile {chosen.profile_hash()}",
                err=True)
-    run_server(resolved.hf_dir, chosen, host=host, port=port, model_name=served)
+    run_server(resolved.hf_dir, chosen, host=host, port=port, model_name=served, threads=threads)
 
 
 def eval_command(

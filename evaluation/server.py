@@ -214,12 +214,15 @@ def sse(obj: dict | str) -> str:
 
 
 def serve(model_dir: Path | str, profile: DeploymentProfile, *, host: str = "127.0.0.1", port: int = 8000,
-          model_name: str | None = None) -> None:
+          model_name: str | None = None, threads: int | None = None) -> None:
     """Run the server until interrupted (uvicorn, one process; the engine batches concurrent scoring)."""
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    app = create_app(model_dir, profile, model_name=model_name)
+    from evaluation.generation import default_threads
+
+    engine = Engine(model_dir, threads=threads or default_threads())
+    app = create_app(model_dir, profile, model_name=model_name, engine=engine)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
 
 

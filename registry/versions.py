@@ -229,13 +229,14 @@ def require_ref(ref: str | None, what: str) -> str:
     return str(ref).strip()
 
 
-def latest_run(tags: dict[str, str], status: str = "FINISHED") -> str | None:
-    """Id of the newest run, in any experiment, carrying all `tags` with the given status."""
+def latest_run(tags: dict[str, str], status: str = "FINISHED", having: tuple[str, ...] = ()) -> str | None:
+    """Id of the newest run, in any experiment, carrying all `tags` (and every tag in `having`, any value)."""
     client = _client()
     experiments = [e.experiment_id for e in client.search_experiments()]
     if not experiments:
         return None
-    clauses = [f"tags.`{k}` = '{v}'" for k, v in tags.items()] + [f"attributes.status = '{status}'"]
+    clauses = [f"tags.`{k}` = '{v}'" for k, v in tags.items()] + [f"tags.`{k}` LIKE '%'" for k in having]
+    clauses.append(f"attributes.status = '{status}'")
     runs = client.search_runs(experiments, " and ".join(clauses), order_by=["attributes.start_time DESC"],
                               max_results=1)
     return runs[0].info.run_id if runs else None
