@@ -25,6 +25,14 @@ mlops data build --config configs/data/sample.yaml
 mlops data show latest
 mlops data verify latest
 
+step "4. training: smoke check, then LoRA on SmolLM2 over the newest snapshot (DeepSpeed on CPU, a few minutes)"
+# The smoke run fails unless the loss falls at the configured speed. Rerunning the training is a no-op (it
+# returns the finished run), and after a kill the same command resumes from the newest verified checkpoint.
+mlflow run mlproject -e train --env-manager local --experiment-name demo \
+  -P config=configs/train/sft-smollm2-lora.yaml -P smoke=true
+mlflow run mlproject -e train --env-manager local --experiment-name demo \
+  -P config=configs/train/sft-smollm2-lora.yaml -P overrides="train.snapshot=latest"
+
 step "done"
 cat <<TXT
 Everything is in the embedded store. Look at it with:
