@@ -82,9 +82,9 @@ def test_sigkill_in_the_middle_of_a_save_resumes_from_the_previous_checkpoint(en
     assert step is None, detail
 
 
-def test_kill_drill_reports_pass(env, mlops_home):
+def test_kill_drill_reports_pass(env, tiny_model):
     cmd = [sys.executable, "-m", "mlops", "train", "drill", "--config", str(REPO / "configs/train/tiny.yaml"),
-           "--steps", "8", "--seed", "7", f"base_model={REPO / '.mlops/test-cache/models/tiny'}"]
+           "--steps", "8", "--seed", "7", f"base_model={tiny_model['path']}"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     assert proc.stdout.strip().splitlines()[-1].startswith("PASS: killed at step")
