@@ -3,8 +3,8 @@
 1. Eval wall time: the same tasks, model, chat template and system prompt, once through the served endpoint
    (server subprocess start + lm-eval `local-completions`/`local-chat-completions`, as `mlops eval` runs it)
    and once in-process with lm-eval's `hf` model. Goal: ratio <= 1.5.
-2. Server throughput at concurrency 1, 4 and 16: requests/s, generated tokens/s and p50/p95/p99 latency,
-   for chat generation and for loglikelihood scoring requests.
+2. Server throughput at concurrency 1, 4 and 16: requests/s, tokens/s (generated for chat, scored for
+   loglikelihood requests) and p50/p95/p99 latency.
 
 Run: .venv/bin/python benchmarks/bench_eval.py [--models tiny,smollm2] [--limit 8]
 Traffic goes only to a server this script starts on 127.0.0.1; request counts are bounded.
@@ -124,13 +124,15 @@ def throughput(path: str, levels: list[int], requests: int, max_tokens: int) -> 
                 latencies: list[float] = []
                 tokens = [0]
 
-                def one(i: int, url=url, body=body, latencies=latencies, tokens=tokens) -> None:
+                def one(i: int, url=url, body=body, latencies=latencies, tokens=tokens, name=name) -> None:
                     started = time.perf_counter()
                     out = client.post(url, json=body(i))
                     out.raise_for_status()
                     with lock:
                         latencies.append(time.perf_counter() - started)
-                        tokens[0] += out.json()["usage"]["completion_tokens"]
+                        # chat: generated tokens; scoring: prompt tokens scored
+                        usage = out.json()["usage"]
+                        tokens[0] += usage["completion_tokens"] if name == "chat" else usage["prompt_tokens"]
 
                 started = time.perf_counter()
                 with ThreadPoolExecutor(level) as pool:
