@@ -168,3 +168,14 @@ def test_batches_are_cut_to_their_longest_sample_with_labels_only_on_the_loss_ma
     assert mb.labels.tolist() == [[-100, 6, 7], [-100, -100, -100]]
     assert mb.tokens == 5 and mb.loss_tokens == 2
     assert tuple(to_tensors([a], max_len=2).input_ids.shape) == (1, 2)
+
+
+def test_launcher_commands_run_the_worker_module_under_torchrun_or_deepspeed():
+    from training.launch import launcher_command
+
+    torchrun = launcher_command("torchrun", 2, 29500, None)
+    assert torchrun[1:3] == ["-m", "torch.distributed.run"] and torchrun[-1] == "-m" and "2" in torchrun
+    ds = launcher_command("deepspeed", 2, 29500, None)
+    assert ds[-1] == "--module" and "--no_local_rank" in ds and ds[ds.index("--num_gpus") + 1] == "2"
+    nodes = launcher_command("deepspeed", 2, 29500, "/etc/hosts.ds")
+    assert nodes[nodes.index("--hostfile") + 1] == "/etc/hosts.ds" and "--num_gpus" not in nodes

@@ -73,7 +73,7 @@ def launch(cfg, nproc: int, smoke: bool) -> dict:
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     port = t.deepspeed.master_port or free_port()
     cmd = launcher_command(t.deepspeed.launcher, nproc, port, t.deepspeed.hostfile) + [
-        "-m", "mlops", "train", "worker", "--spec", str(work / "spec.json")]
+        "mlops", "train", "worker", "--spec", str(work / "spec.json")]
     proc = subprocess.run(cmd, env=env)
     result_path = work / "result.json"
     try:
@@ -90,16 +90,17 @@ def launch(cfg, nproc: int, smoke: bool) -> dict:
 
 
 def launcher_command(kind: str, nproc: int, port: int, hostfile: str | None) -> list[str]:
+    """The launcher's argv up to the module to run (each launcher spells "run a module" its own way)."""
     if kind == "deepspeed" or hostfile:
         exe = shutil.which("deepspeed") or str(Path(sys.executable).with_name("deepspeed"))
-        cmd = [exe, "--master_port", str(port)]
+        cmd = [exe, "--master_port", str(port), "--no_local_rank"]  # LOCAL_RANK comes by env
         if hostfile:
             cmd += ["--hostfile", hostfile]
         else:
             cmd += ["--num_gpus", str(nproc)]
         return cmd + ["--module"]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-            str(port), "--master_addr", "127.0.0.1"]
+            str(port), "--master_addr", "127.0.0.1", "-m"]
 
 
 def _fail_if_running(tracker, reason: str) -> None:
