@@ -57,17 +57,19 @@ def test_registered_version_carries_lineage_and_profile(registered):
     assert resolve_model_ref(f"runs:/{registered['run_id']}/model").hf_dir.is_dir()
 
 
-@pytest.mark.parametrize("ref", ["models:/bot@nope", "models:/nobody/1", "models:/bot/99", "runs:/abc123/model",
-                                 "/no/such/folder"])
-def test_a_ref_that_does_not_exist_fails_before_anything_starts(registered, ref):
+def test_a_ref_that_does_not_exist_fails_before_anything_starts(registered):
     from evaluation.runner import run_eval
 
-    before = len(_client().search_runs([e.experiment_id for e in _client().search_experiments()]))
-    started = time.perf_counter()
-    with pytest.raises(NotFoundError, match="Fix:"):
-        run_eval(_cfg(), ref, suites="general")
-    assert time.perf_counter() - started < 10
-    assert len(_client().search_runs([e.experiment_id for e in _client().search_experiments()])) == before
+    client = _client()
+    before = len(client.search_runs([e.experiment_id for e in client.search_experiments()]))
+    for ref in ["models:/bot@nope", "models:/nobody/1", "models:/bot/99", "runs:/abc123/model", "/no/such/folder"]:
+        started = time.perf_counter()
+        with pytest.raises(NotFoundError, match="Fix:"):
+            run_eval(_cfg(), ref, suites="general")
+        assert time.perf_counter() - started < 10, ref
+    with pytest.raises(NotFoundError, match="versions 1, 2 and aliases @candidate, @production"):
+        run_eval(_cfg(), "models:/bot@nope", suites="general")
+    assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == before
 
 
 def test_a_profile_other_than_the_released_one_is_refused_unless_forced(registered, tmp_path):
@@ -79,6 +81,7 @@ def test_a_profile_other_than_the_released_one_is_refused_unless_forced(register
         run_eval(_cfg(), "models:/bot@candidate", suites="general", profile_path=other)
 
 
+@pytest.mark.slow
 def test_eval_logs_suite_results_through_the_served_endpoint(registered):
     from evaluation.runner import run_eval
 
@@ -105,6 +108,7 @@ def test_eval_logs_suite_results_through_the_served_endpoint(registered):
     assert {s.suite for s in outcome.scores} == {"general", "business"} and all(s.n == 2 for s in outcome.scores)
 
 
+@pytest.mark.slow
 def test_an_eval_whose_server_dies_is_failed_with_the_log_and_no_scores(registered):
     from evaluation.process import ServerError
     from evaluation.runner import run_eval
@@ -211,3 +215,28 @@ def test_serve_refuses_a_missing_ref_before_loading_anything(mlops_home):
     _register_stages()
     result = CliRunner().invoke(app, ["serve", "--model", "models:/ghost@production"])
     assert result.exit_code != 0 and isinstance(result.exception, NotFoundError)
+
+
+@pytest.mark.slow
+def test_mlflow_run_eval_entry_point_logs_into_the_project_run(tiny_model, mlops_home):
+    import os
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    repo = Path(__file__).resolve().parent.parent
+    uri = f"sqlite:///{mlops_home / 'mlflow.db'}"
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PATH": bin_dir + os.pathsep + os.environ["PATH"]}
+    out = subprocess.run(
+        [shutil.which("mlflow", path=env["PATH"]), "run", str(repo / "mlproject"), "-e", "eval", "--env-manager",
+         "local", "--experiment-name", "eval-e2e", "-P", f"model={tiny_model['path']}", "-P", "suites=general",
+         "-P", "overrides=eval.limit=1 eval.contamination.enabled=false"],
+        capture_output=True, text=True, env=env, timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("eval-e2e").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"  # mlflow run's own run carries the eval
+    assert runs[0].data.tags[Tag.STAGE] == "eval" and "general_knowledge/acc" in runs[0].data.metrics
