@@ -102,16 +102,18 @@ def sweep_wall(workers: int, url: str, sweep_file: Path, env: dict) -> tuple[flo
     threads = str(max(1, (os.cpu_count() or 2) // workers))
     env = {**env, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     cmd = [sys.executable, "-m", "mlops", "sweep"]
+    logs = [sweep_file.with_name(f"workers{workers}-{i}.log") for i in range(workers)]
+    commands = [[*cmd, "run", "--config", str(sweep_file), "--storage", url]]
+    commands += [[*cmd, "worker", "--study", "bench", "--storage", url, "--wait", "900"]] * (workers - 1)
     started = time.perf_counter()
-    procs = [subprocess.Popen([*cmd, "run", "--config", str(sweep_file), "--storage", url], env=env, cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
-    for _ in range(workers - 1):
-        procs.append(subprocess.Popen([*cmd, "worker", "--study", "bench", "--storage", url, "--wait", "900"],
-                                      env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    for proc in procs:
-        out, _ = proc.communicate(timeout=3600)
-        if proc.returncode != 0:
-            raise SystemExit(f"sweep process failed:\n{out[-4000:]}")
+    procs = [subprocess.Popen(c, env=env, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT)
+             for c, log in zip(commands, logs, strict=True)]
+    for proc, log in zip(procs, logs, strict=True):
+        if proc.wait(timeout=3600) != 0:
+            for other in procs:
+                if other.poll() is None:
+                    other.kill()
+            raise SystemExit(f"sweep process failed:\n{log.read_text()[-4000:]}")
     total = time.perf_counter() - started
     study = optuna.load_study(study_name="bench", storage=url.replace("postgresql://", "postgresql+psycopg://"))
     trials = study.get_trials()

@@ -42,14 +42,31 @@ def config(tmp_path: Path, tiny_model: dict, study: str, *extra: str, **sweep) -
 
 
 def mlops(env, *args, **popen) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "mlops", "sweep", *args], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+    """`mlops sweep ...` in the background, its output in a file (a full pipe would stall it)."""
+    log = Path(env["MLOPS_HOME"]) / f"sweep-{args[0]}-{time.monotonic_ns()}.log"
+    proc = subprocess.Popen([sys.executable, "-m", "mlops", "sweep", *args], env=env, cwd=REPO,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, text=True, **popen)
+    proc.log = log
+    return proc
 
 
-def finish(proc: subprocess.Popen, timeout: float = 1500) -> str:
-    out, _ = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, out[-6000:]
-    return out
+def finish(*procs: subprocess.Popen, timeout: float = 1500) -> list[str]:
+    """Wait for every process; the first one that fails stops the others and fails the test with its output."""
+    deadline = time.monotonic() + timeout
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        failed = [p for p in procs if p.poll() not in (None, 0)]
+        if failed:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            raise AssertionError(f"{failed[0].args} failed:\n{failed[0].log.read_text()[-6000:]}")
+        time.sleep(1)
+    outs = []
+    for p in procs:
+        p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        assert p.returncode == 0, f"{p.args} failed:\n{p.log.read_text()[-6000:]}"
+        outs.append(p.log.read_text())
+    return outs
 
 
 def status(env, study: str, url: str) -> dict:
@@ -64,7 +81,7 @@ def test_two_worker_processes_share_one_postgres_study(env, tmp_path, tiny_model
     path = config(tmp_path, tiny_model, "shared", "train.max_steps=8", n_trials=6, heartbeat_interval=2)
     coordinator = mlops(env, "run", "--config", str(path), "--storage", plain_url)
     worker = mlops(env, "worker", "--study", "shared", "--storage", plain_url, "--wait", "900")
-    worker_out, coordinator_out = finish(worker), finish(coordinator)
+    worker_out, coordinator_out = finish(worker, coordinator)
 
     info = status(env, "shared", plain_url)
     trials = info["trials"]
@@ -102,7 +119,7 @@ def test_killed_worker_leaves_its_trial_failed_by_heartbeat_not_running(env, tmp
             study = optuna.load_study(study_name="killed", storage=storage)
             running = study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
             run_id = running[0].user_attrs.get("mlflow_run_id") if running else None
-    assert run_id, proc.communicate()[0][-4000:] if proc.poll() is not None else "no trial started in time"
+    assert run_id, proc.log.read_text()[-4000:]
     time.sleep(2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
