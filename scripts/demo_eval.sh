@@ -25,6 +25,8 @@ PY
 
 overrides="eval.limit=${EVAL_LIMIT:-null}"
 mlflow run mlproject -e eval --env-manager local --experiment-name demo \
-  -P model="models:/${MODEL_NAME}@candidate" -P suites=general,business -P overrides="$overrides"
+  -P model="models:/${MODEL_NAME}@candidate" -P suites=general,business -P overrides="$overrides" \
+  -P config=configs/eval/default.yaml
 mlflow run mlproject -e gate --env-manager local --experiment-name demo \
-  -P challenger="models:/${MODEL_NAME}@candidate" -P champion="models:/${MODEL_NAME}@production"
+  -P challenger="models:/${MODEL_NAME}@candidate" -P champion="models:/${MODEL_NAME}@production" \
+  -P config=configs/eval/default.yaml

@@ -232,7 +232,8 @@ def test_mlflow_run_eval_entry_point_logs_into_the_project_run(tiny_model, mlops
     out = subprocess.run(
         [shutil.which("mlflow", path=env["PATH"]), "run", str(repo / "mlproject"), "-e", "eval", "--env-manager",
          "local", "--experiment-name", "eval-e2e", "-P", f"model={tiny_model['path']}", "-P", "suites=general",
-         "-P", "overrides=eval.limit=1 eval.contamination.enabled=false"],
+         "-P", "overrides=eval.limit=1 eval.contamination.enabled=false",
+         "-P", f"config={repo / 'configs/eval/default.yaml'}"],
         capture_output=True, text=True, env=env, timeout=900,
     )
     assert out.returncode == 0, out.stderr[-3000:]
