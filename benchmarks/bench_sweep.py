@@ -40,6 +40,7 @@ def overhead(model_path: str, snapshot: str, repeats: int, max_steps: int, work:
     from training.prepare import prepare
     from training.sweep import runner as rn
     from training.sweep import storage as st
+    from training.sweep.objective import release_world
     from training.sweep.session import run_sweep
     from training.sweep.testing import sweep_yaml
     from training.trainer import train
@@ -77,7 +78,7 @@ def overhead(model_path: str, snapshot: str, repeats: int, max_steps: int, work:
             seconds = fn(i) if fn is alone else fn()
             (alone_s if fn is alone else trial_s).append(seconds)
             print(f"  {'alone' if fn is alone else 'trial'} run {i}: {seconds:.2f} s", flush=True)
-    trainer.shutdown()
+    release_world()
     return statistics.median(trial_s) / statistics.median(alone_s), alone_s, trial_s
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from mlops.errors import ConfigError, MLOpsError
 from mlops.lineage import Tag
-from training.sweep.testing import FakeTrainer, sweep_yaml
+from training.sweep.testing import FakeTrainer, MemoryRuns, sweep_yaml
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "configs" / "train" / "tiny.yaml"
@@ -46,10 +46,12 @@ def children(parent_id: str) -> dict[str, object]:
     return {r.info.run_name: r for r in runs}
 
 
-def sweep(tmp_path, snapshot, trainer, overrides=(), **kw):
+def sweep(tmp_path, snapshot, trainer, overrides=(), runs=None, **kw):
+    """A sweep with the fake trainer; `runs=MemoryRuns()` keeps its runs in memory (faster than MLflow)."""
     from training.sweep.session import run_sweep
 
-    return run_sweep(write_sweep(tmp_path, snapshot, **kw), list(overrides), trainer=trainer, log=QUIET)
+    return run_sweep(write_sweep(tmp_path, snapshot, **kw), list(overrides), trainer=trainer, start_tracker=runs,
+                     log=QUIET)
 
 
 def test_sweep_prunes_nests_lineage_tagged_trials_and_survives_a_crash(mlops_home, tmp_path, snapshot):
@@ -91,7 +93,7 @@ def test_sweep_prunes_nests_lineage_tagged_trials_and_survives_a_crash(mlops_hom
             "plots/param_importances.png", "plots/parallel_coordinate.png"} <= artifacts
     table = json.loads(Path(client().download_artifacts(parent.info.run_id, "sweep/trials.json")).read_text())
     assert len(table["data"]) == 5 and "mlflow_run_id" in table["columns"]
-    assert trainer.smoke_calls == 1 and trainer.shutdowns == 1
+    assert trainer.smoke_calls == 1
     assert load_config(TINY).train.lr == 1e-3  # the base config file is never modified
 
 
@@ -125,14 +127,14 @@ def test_unreachable_storage_is_refused_before_the_smoke_check(mlops_home, tmp_p
 
 
 def test_resumed_study_adds_trials_without_a_second_smoke_and_refuses_another_sweep(mlops_home, tmp_path, snapshot):
-    trainer = FakeTrainer()
-    first = sweep(tmp_path, snapshot, trainer, n_trials=2, pruner="none")
-    second = sweep(tmp_path, snapshot, trainer, ["sweep.n_trials=3"], pruner="none")
+    trainer, runs = FakeTrainer(), MemoryRuns()
+    first = sweep(tmp_path, snapshot, trainer, n_trials=2, pruner="none", runs=runs)
+    second = sweep(tmp_path, snapshot, trainer, ["sweep.n_trials=3"], pruner="none", runs=runs)
     assert [o.number for o in first.outcomes] == [0, 1] and [o.number for o in second.outcomes] == [2, 3, 4]
     assert trainer.smoke_calls == 1 and second.best["counts"] == {"COMPLETE": 5}
     assert second.parent_run_id != first.parent_run_id
     with pytest.raises(ConfigError, match="created by a different sweep"):
-        sweep(tmp_path, snapshot, trainer, ["sweep.direction=maximize"], pruner="none")
+        sweep(tmp_path, snapshot, trainer, ["sweep.direction=maximize"], pruner="none", runs=runs)
 
 
 def test_worker_joins_the_study_and_runs_only_queued_trials_under_its_parent(mlops_home, tmp_path, snapshot):
@@ -140,16 +142,18 @@ def test_worker_joins_the_study_and_runs_only_queued_trials_under_its_parent(mlo
     from training.sweep import storage as st
     from training.sweep.session import run_worker
 
-    first = sweep(tmp_path, snapshot, FakeTrainer(), n_trials=1, pruner="none")
+    runs = MemoryRuns()
+    first = sweep(tmp_path, snapshot, FakeTrainer(), n_trials=1, pruner="none", runs=runs)
     study = rn.load_study(st.open_storage(st.resolve_url()), "unit")
     rn.enqueue(study, 3)
     worker = FakeTrainer()
-    done = run_worker("unit", wait_s=0, max_trials=2, trainer=worker, log=QUIET)
+    done = run_worker("unit", wait_s=0, max_trials=2, trainer=worker, start_tracker=runs, log=QUIET)
     assert [o.number for o in done.outcomes] == [1, 2] and len(worker.calls) == 2
-    rest = run_worker("unit", trainer=worker, log=QUIET)
+    rest = run_worker("unit", trainer=worker, start_tracker=runs, log=QUIET)
     assert [o.number for o in rest.outcomes] == [3]
-    assert run_worker("unit", trainer=worker, log=QUIET).outcomes == []
-    assert {f"unit-trial-{i}" for i in range(4)} <= set(children(first.parent_run_id))
+    assert run_worker("unit", trainer=worker, start_tracker=runs, log=QUIET).outcomes == []
+    assert {f"unit-trial-{i}" for i in range(4)} <= set(runs.children(first.parent_run_id))
+    assert worker.calls[0].run.experiment == "sweep-unit"
 
 
 def test_worker_for_a_missing_study_names_the_fix(mlops_home):
@@ -210,12 +214,14 @@ def test_retry_requeues_a_dead_workers_trial_with_the_same_params(mlops_home, tm
 def test_nan_validation_loss_fails_the_trial_with_its_reason_and_the_study_goes_on(mlops_home, tmp_path, snapshot):
     params = {"lr": {"key": "train.lr", "type": "float", "low": 1e-4, "high": 3e-2, "log": True},
               "nan": {"key": "train.debug.nan_at_step", "type": "categorical", "choices": [None, 4]}}
-    summary = sweep(tmp_path, snapshot, FakeTrainer(), n_trials=3, pruner="none", params=params,
+    runs = MemoryRuns()
+    summary = sweep(tmp_path, snapshot, FakeTrainer(), n_trials=3, pruner="none", params=params, runs=runs,
                     enqueue=[{"lr": 1e-3, "nan": 4}, {"lr": 1e-3, "nan": None}])
     assert [o.state for o in summary.outcomes[:2]] == ["FAIL", "COMPLETE"]
     assert "val_loss is nan at step 4" in summary.outcomes[0].reason
-    run = children(summary.parent_run_id)["unit-trial-0"]
-    assert run.info.status == "FAILED" and "diverged" in run.data.tags[Tag.FAILURE_REASON]
+    run = runs.children(summary.parent_run_id)["unit-trial-0"]
+    assert run.status == "FAILED" and "diverged" in run.tags[Tag.FAILURE_REASON]
+    assert run.tags[Tag.SWEEP_TRIAL_STATE] == "FAIL"
 
 
 def test_best_command_prints_the_best_trial_with_its_run(mlops_home, tmp_path, snapshot):
@@ -223,7 +229,8 @@ def test_best_command_prints_the_best_trial_with_its_run(mlops_home, tmp_path, s
 
     from training.sweep_cli import app
 
-    summary = sweep(tmp_path, snapshot, FakeTrainer(), n_trials=3, pruner="none", enqueue=[{"lr": 3e-3}])
+    summary = sweep(tmp_path, snapshot, FakeTrainer(), n_trials=3, pruner="none", enqueue=[{"lr": 3e-3}],
+                    runs=MemoryRuns())
     result = CliRunner().invoke(app, ["best", "--study", "unit", "--json"])
     assert result.exit_code == 0, result.output
     best = json.loads(result.output)
@@ -255,16 +262,16 @@ def test_eval_objective_scores_each_trials_model_in_deployment_form(mlops_home, 
         return evaluation.runner.EvalOutcome(f"eval-run-{len(evaluated)}", "key", scores, {}, 1.0)
 
     monkeypatch.setattr(evaluation.runner, "run_eval", fake_run_eval)
-    trainer = FakeTrainer(log_model=True)
+    trainer, runs = FakeTrainer(log_model=True), MemoryRuns()
     summary = sweep(tmp_path, snapshot, trainer, n_trials=3, pruner="none", objective="eval/general/score",
-                    direction="maximize")
+                    direction="maximize", runs=runs)
     assert [o.value for o in summary.outcomes] == pytest.approx([0.075, 0.15, 0.225])
     assert [ref for ref, _, _ in evaluated] == [f"runs:/{o.run_id}/model" for o in summary.outcomes]
     assert {tuple(s) for _, s, _ in evaluated} == {("general",)} and evaluated[0][2] == "sweep-unit"
     assert summary.best["number"] == 2
-    run = children(summary.parent_run_id)["unit-trial-2"]
-    assert run.data.tags[Tag.EVAL_RUN] == "eval-run-3"
-    assert run.data.metrics["objective/eval/general/score"] == pytest.approx(0.225)
+    run = runs.children(summary.parent_run_id)["unit-trial-2"]
+    assert run.tags[Tag.EVAL_RUN] == "eval-run-3"
+    assert run.metrics[-1][1]["objective/eval/general/score"] == pytest.approx(0.225)
 
 
 def test_eval_objective_naming_an_unknown_score_is_refused(tmp_path):
@@ -279,10 +286,10 @@ def test_eval_objective_naming_an_unknown_score_is_refused(tmp_path):
 
 def test_asha_prunes_a_trial_behind_its_rung_and_hyperband_runs_the_study(mlops_home, tmp_path, snapshot):
     asha = sweep(tmp_path, snapshot, FakeTrainer(), n_trials=3, pruner={"name": "asha", "min_resource": 2},
-                 enqueue=[{"lr": 3e-3}, {"lr": 1e-4}])
+                 enqueue=[{"lr": 3e-3}, {"lr": 1e-4}], runs=MemoryRuns())
     assert [o.state for o in asha.outcomes[:2]] == ["COMPLETE", "PRUNED"]
     assert "pruned by the asha pruner at step 2" in asha.outcomes[1].reason
-    band = sweep(tmp_path, snapshot, FakeTrainer(), ["sweep.study=band"], n_trials=4,
+    band = sweep(tmp_path, snapshot, FakeTrainer(), ["sweep.study=band"], n_trials=4, runs=MemoryRuns(),
                  pruner={"name": "hyperband", "min_resource": 2, "reduction_factor": 2})
     assert len(band.outcomes) == 4 and {o.state for o in band.outcomes} <= {"COMPLETE", "PRUNED"}
 
@@ -311,7 +318,8 @@ def test_data_mix_param_builds_each_trials_snapshot_through_the_data_stage(mlops
 
     run_sweep(sweep_yaml(tmp_path / "mix.yaml", base=path, params=params, pruner="none", n_trials=2,
                          base_overrides=[f"train.snapshot={snapshot}", "train.max_steps=4", "train.eval_every=2"],
-                         enqueue=[{"history_ratio": 0.2}, {"history_ratio": 0.4}]), [], trainer=trainer, log=QUIET)
+                         enqueue=[{"history_ratio": 0.2}, {"history_ratio": 0.4}]), [], trainer=trainer,
+              start_tracker=MemoryRuns(), log=QUIET)
     assert built == [0.2, 0.4]
     assert [c.data.mix.history.ratio for c in trainer.calls] == [0.2, 0.4]
     assert all(c.train.snapshot == snapshot for c in trainer.calls)

@@ -46,10 +46,14 @@ def run(
     """Start (or resume) a study: checks everything, smoke-trains the base config once, runs the trials, and
     logs best params, trial table and plots to the parent run. `sweep.*` overrides configure the sweep; any
     other override (train.max_steps=20) changes the base config of every trial."""
+    from training.sweep.objective import release_world
     from training.sweep.session import run_sweep
 
-    summary = run_sweep(config, split_overrides(overrides), study=study, n_trials=_count(n_trials, "n-trials"),
-                        storage=storage, register=True if register else None, log=typer.echo)
+    try:
+        summary = run_sweep(config, split_overrides(overrides), study=study, n_trials=_count(n_trials, "n-trials"),
+                            storage=storage, register=True if register else None, log=typer.echo)
+    finally:
+        release_world()
     states: dict[str, int] = {}
     for o in summary.outcomes:
         states[o.state] = states.get(o.state, 0) + 1
@@ -70,9 +74,13 @@ def worker(
     max_trials: int | None = typer.Option(None, "--max-trials", min=1, help="stop after this many trials"),
 ) -> None:
     """Join a study started by `mlops sweep run` (on this or another machine) and run its queued trials."""
+    from training.sweep.objective import release_world
     from training.sweep.session import run_worker
 
-    summary = run_worker(study, storage, wait_s=wait, max_trials=max_trials, log=typer.echo)
+    try:
+        summary = run_worker(study, storage, wait_s=wait, max_trials=max_trials, log=typer.echo)
+    finally:
+        release_world()
     typer.echo(f"worker on study {study}: ran {len(summary.outcomes)} trial(s): "
                f"{[f'{o.number}:{o.state}' for o in summary.outcomes]}")
 

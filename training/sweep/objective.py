@@ -16,7 +16,6 @@ class Trainer(Protocol):
 
     def train(self, cfg, tracker, report) -> Any: ...  # -> TrainResult (run_id, status, metrics, model_uri)
     def smoke(self, cfg, tracker) -> Any: ...  # raises when the config does not train
-    def shutdown(self) -> None: ...
 
 
 class StageTrainer:
@@ -53,7 +52,13 @@ class StageTrainer:
 
         return train(cfg, tracker, prepared=self._prepared(cfg, smoke=True))
 
-    def shutdown(self) -> None:
+
+
+def release_world() -> None:
+    """At process exit (the CLI's job, never the core's): a process group torn down cannot train again."""
+    import sys
+
+    if "torch.distributed" in sys.modules:
         from training.launch import shutdown_world
 
         shutdown_world()

@@ -134,8 +134,6 @@ def run_sweep(config: Path | str | None, overrides: list[str] = (), *, study: st
         reason = str(err) if isinstance(err, MLOpsError) else f"{type(err).__name__}: {err}"
         parent.close("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", reason=reason[:4000])
         raise
-    finally:
-        trainer.shutdown()
     parent.close("FINISHED")
     return summary
 
@@ -202,10 +200,7 @@ def run_worker(study: str, storage: str | None = None, *, wait_s: float = 0.0, m
     ctx = rn.context(plan, live, trainer, parent_run_id=info["parent_run_id"], experiment=info["experiment"],
                      start_tracker=start_tracker, log=log)
     summary = rn.SweepSummary(study, st.display_url(url), info["parent_run_id"])
-    try:
-        summary.outcomes = rn.work(ctx, store, max_trials=max_trials)
-    finally:
-        trainer.shutdown()
+    summary.outcomes = rn.work(ctx, store, max_trials=max_trials)
     return summary
 
 

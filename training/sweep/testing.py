@@ -43,7 +43,6 @@ class FakeTrainer:
         self.log_model = log_model
         self.calls: list = []  # configs trained, in order
         self.smoke_calls = 0
-        self.shutdowns = 0
         self._env = None
 
     def _lineage(self, cfg, tracker) -> None:
@@ -101,9 +100,6 @@ class FakeTrainer:
         tracker.close("FINISHED")
         return FakeResult(tracker.run_id, "FINISHED", cfg.train.smoke.steps, metrics)
 
-    def shutdown(self) -> None:
-        self.shutdowns += 1
-
 
 def sweep_yaml(path: Path, *, base: Path | None = None, base_overrides: list[str] = (), study: str = "unit",
                params: dict | None = None, space: str = "", **sweep) -> Path:
@@ -118,3 +114,27 @@ def sweep_yaml(path: Path, *, base: Path | None = None, base_overrides: list[str
     data = {"run": {"experiment": f"sweep-{study}", "seed": 7}, "sweep": section}
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+class MemoryRuns:
+    """A `start_tracker` for sweeps that keeps runs in memory (MemoryTracker), by run name, for fast tests."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, object] = {}
+
+    def __call__(self, experiment: str, run_name: str | None, tags: dict, parent_run_id: str | None):
+        import uuid
+
+        from mlops.lineage import Tag
+        from mlops.tracking import MemoryTracker
+
+        tracker = MemoryTracker(run_id=uuid.uuid4().hex)
+        tracker.experiment, tracker.name = experiment, run_name
+        tracker.set_tags({**tags, **({Tag.PARENT_RUN: parent_run_id} if parent_run_id else {})})
+        self.runs[run_name or tracker.run_id] = tracker
+        return tracker
+
+    def children(self, parent_run_id: str) -> dict[str, object]:
+        from mlops.lineage import Tag
+
+        return {name: t for name, t in self.runs.items() if t.tags.get(Tag.PARENT_RUN) == parent_run_id}
