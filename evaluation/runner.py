@@ -91,8 +91,13 @@ def _merge(merged: dict, result: dict | None) -> None:
 
 
 def run_eval(cfg, ref: str, *, suites: list[str] | str | None = None, profile_path: Path | None = None,
-             force_profile: bool = False, on_server: Callable[[ServerProcess], None] | None = None) -> EvalOutcome:
-    """Evaluate a model ref in deployment form and log it to an MLflow run linked to the model version."""
+             force_profile: bool = False, on_server: Callable[[ServerProcess], None] | None = None,
+             attach_env_run: bool = True) -> EvalOutcome:
+    """Evaluate a model ref in deployment form and log it to an MLflow run linked to the model version.
+
+    Under `mlflow run -e eval` the eval logs into the project's run (MLFLOW_RUN_ID); a caller that runs an eval
+    inside another stage's `mlflow run` (a sweep objective) passes `attach_env_run=False` to get a run of its own.
+    """
     from mlops.config import config_hash, require_section, resolved_yaml
     from mlops.lineage import collect_lineage, enforce_release
     from mlops.paths import mlops_dir
@@ -130,7 +135,7 @@ def run_eval(cfg, ref: str, *, suites: list[str] | str | None = None, profile_pa
     cache_dir = mlops_dir() / "eval-cache" / model.key / profile.profile_hash() if eval_cfg.use_cache else None
     run_name = cfg.run.run_name or f"eval {model.served_name}" + (" [FORCED PROFILE]" if forced else "")
     tags = {k: v for k, v in lineage.as_tags().items() if v not in (None, "None")}
-    with tracked_run(cfg.run.experiment, run_name=run_name, tags=tags) as run:
+    with tracked_run(cfg.run.experiment, run_name=run_name, tags=tags, attach_env_run=attach_env_run) as run:
         started = time.perf_counter()
         run.log_text(resolved_yaml(cfg), "config/resolved.yaml")
         run.log_text(profile.to_yaml(), "eval/deployment_profile.yaml")
