@@ -80,9 +80,26 @@ def config_model() -> type[StrictModel]:
 # --------------------------------------------------------------------------- loading
 
 
+def find_config_file(path: Path) -> Path:
+    """The file itself, or, for a relative path, the same path under the project home.
+
+    `mlflow run mlproject` starts entry points inside `mlproject/`, where `configs/x.yaml` would not be found.
+    """
+    from mlops.paths import project_home
+
+    if path.exists() or path.is_absolute():
+        return path
+    candidate = project_home() / path
+    return candidate if candidate.exists() else path
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
+    path = find_config_file(path)
     if not path.exists():
-        raise ConfigError(f"config file '{path}' does not exist. Fix: pass the path of a YAML config file.")
+        raise ConfigError(
+            f"config file '{path}' does not exist (looked in {Path.cwd()} and the project home). "
+            "Fix: pass the path of a YAML config file, e.g. configs/train/tiny.yaml."
+        )
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.MarkedYAMLError as err:

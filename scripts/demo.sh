@@ -33,6 +33,9 @@ mlflow run mlproject -e train --env-manager local --experiment-name demo \
 mlflow run mlproject -e train --env-manager local --experiment-name demo \
   -P config=configs/train/sft-smollm2-lora.yaml -P overrides="train.snapshot=latest"
 
+step "5. evaluation in deployment form: register the trained model as @candidate, eval through the served endpoint, gate"
+bash scripts/demo_eval.sh
+
 step "done"
 cat <<TXT
 Everything is in the embedded store. Look at it with:

@@ -153,3 +153,13 @@ def test_dot_slash_paths_hash_like_plain_paths():
     assert config_hash(load_config(None, ["base_model=./models/x"])) == config_hash(
         load_config(None, ["base_model=models/x"])
     )
+
+
+def test_relative_config_path_resolves_against_project_home(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / "configs").mkdir(parents=True)
+    (home / "configs" / "x.yaml").write_text("train:\n  lr: 0.5\n")
+    (home / "mlproject").mkdir()
+    monkeypatch.setenv("MLOPS_HOME", str(home))
+    monkeypatch.chdir(home / "mlproject")  # where `mlflow run mlproject` starts entry points
+    assert load_config("configs/x.yaml").train.lr == 0.5
