@@ -173,3 +173,47 @@ def test_unreachable_storage_is_a_clear_error(tmp_path):
     assert "unreachable" in str(err.value) and "Fix:" in str(err.value)
     with pytest.raises(StorageError, match="unsupported scheme"):
         check_reachable("redis://localhost/0")
+
+
+def test_opening_storage_retries_when_another_worker_is_creating_the_schema(monkeypatch):
+    import optuna
+
+    from training.sweep import storage as st
+
+    calls = []
+
+    class UniqueViolation(Exception):
+        pass
+
+    def flaky(url, **kwargs):
+        calls.append(url)
+        if len(calls) < 3:
+            raise UniqueViolation('duplicate key value violates unique constraint "pg_type_typname_nsp_index"')
+        return "storage"
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", flaky)
+    monkeypatch.setattr(st.time, "sleep", lambda s: None)
+    assert st.open_storage("postgresql+psycopg://u@h/db") == "storage" and len(calls) == 3
+
+    def broken(url, **kwargs):
+        raise RuntimeError("password authentication failed")
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", broken)
+    with pytest.raises(StorageError, match="password authentication failed"):
+        st.open_storage("postgresql+psycopg://u@h/db")
+
+
+@pytest.mark.postgres
+def test_workers_opening_one_empty_postgres_database_together_all_succeed(postgres_url):
+    import subprocess
+    import sys
+    import time
+
+    script = ("import sys, time; from training.sweep.storage import open_storage\n"
+              "time.sleep(max(0.0, float(sys.argv[2]) - time.time()))\n"
+              "open_storage(sys.argv[1]); print('ok')")
+    start = str(time.time() + 4)  # all four create the schema at the same moment
+    procs = [subprocess.Popen([sys.executable, "-c", script, postgres_url, start], cwd=REPO, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(4)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 and out.strip().endswith("ok") for p, out in zip(procs, outs, strict=True)), outs

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import urllib.parse
 import warnings
 from collections.abc import Callable
@@ -100,12 +101,25 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
         kwargs = {"heartbeat_interval": heartbeat_interval,
                   "grace_period": grace_period or 3 * heartbeat_interval,
                   "heartbeat_stale_trial_callback": on_stale}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url), **kwargs)
-        except Exception as err:  # noqa: BLE001
-            raise StorageError(f"cannot open study storage {display_url(url)}: {err}. {FIX}") from None
+    for attempt in range(5):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            try:
+                return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url), **kwargs)
+            except Exception as err:  # noqa: BLE001
+                if _creation_race(err) and attempt < 4:
+                    # Workers started together on an empty database all create Optuna's schema; the losers
+                    # see "already exists" and find the winner's tables on the next try.
+                    time.sleep(0.5 * (attempt + 1))
+                    continue
+                raise StorageError(f"cannot open study storage {display_url(url)}: {err}. {FIX}") from None
+    raise AssertionError("unreachable")
+
+
+def _creation_race(err: Exception) -> bool:
+    text = str(err).lower()
+    return type(err).__name__ in ("IntegrityError", "UniqueViolation", "DuplicateTable", "DuplicateObject") or (
+        "already exists" in text or "duplicate key" in text)
 
 
 def study_names(storage) -> list[str]:

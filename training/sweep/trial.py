@@ -170,11 +170,15 @@ def _fail(ctx: Context, trial, tracker, reason: str, status: str = "FAILED") -> 
 
     try:
         trial.set_user_attr(REASON_ATTR, reason[:2000])
-    finally:
-        ctx.study.tell(trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+    except Exception:  # noqa: BLE001 - a trial told already keeps its verdict
+        pass
+    ctx.study.tell(trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
     if tracker is not None:
-        tracker.set_tags({Tag.SWEEP_TRIAL_STATE: "FAIL", Tag.FAILURE_REASON: reason[:4000]})
-        tracker.close(status, reason=reason[:4000])
+        try:
+            tracker.set_tags({Tag.SWEEP_TRIAL_STATE: "FAIL", Tag.FAILURE_REASON: reason[:4000]})
+            tracker.close(status, reason=reason[:4000])
+        except Exception as err:  # noqa: BLE001 - the study goes on even when tracking hiccups
+            ctx.log(f"warning: could not mark run {tracker.run_id} failed: {err}")
 
 
 def _line(o: Outcome) -> str:
