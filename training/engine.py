@@ -33,16 +33,19 @@ def free_port() -> int:
 def init_world(backend: str = "auto") -> World:
     """Join (or start) the process group; idempotent, so several runs can share one process."""
     import torch
+    import torch.distributed as dist
 
-    if not all(v in os.environ for v in DIST_VARS):
-        os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"})
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
+    alone = not all(v in os.environ for v in DIST_VARS) or os.environ.get("WORLD_SIZE") == "1"
+    if alone and not dist.is_initialized():
+        # A world of one has no peer to agree on a port with: always take a free one. An inherited
+        # MASTER_PORT (a parent process that trained in-process) is held by that parent's store.
+        os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                           "MASTER_PORT": str(free_port())})
     gpu = torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "") != "cpu"
     if not gpu:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     chosen = backend if backend != "auto" else ("nccl" if gpu else "gloo")
     import deepspeed
-    import torch.distributed as dist
 
     if not dist.is_initialized():
         deepspeed.init_distributed(dist_backend=chosen)
