@@ -36,6 +36,12 @@ mlflow run mlproject -e train --env-manager local --experiment-name demo \
 step "5. evaluation in deployment form: register the trained model as @candidate, eval through the served endpoint, gate"
 bash scripts/demo_eval.sh
 
+step "6. sweep: an Optuna study on the tiny model, every trial a nested lineage-tagged training run (median pruning)"
+# A rerun resumes the same study and adds trials; `mlops sweep best --study tiny` names the winner and its run.
+mlflow run mlproject -e sweep --env-manager local --experiment-name demo \
+  -P config=configs/sweep/tiny.yaml -P n_trials=4 -P overrides="train.snapshot=latest"
+mlops sweep best --study tiny
+
 step "done"
 cat <<TXT
 Everything is in the embedded store. Look at it with:
