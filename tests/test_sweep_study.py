@@ -177,9 +177,9 @@ def _dead_worker_trial(tmp_path, snapshot, **kw):
     study = rn.load_study(store, "unit", plan)
     rn.enqueue(study, 1)
     trial, trial_id, _ = rn.claim(study, store)
-    store.record_heartbeat(trial_id)
     run = rn.mlflow_tracker("sweep-unit", "unit-trial-1", {}, rn.study_info(study)["parent_run_id"])
     trial.set_user_attr(RUN_ATTR, run.run_id)
+    store.record_heartbeat(trial_id)  # its last beat
     return study, store, trial, run.run_id
 
 
@@ -190,7 +190,7 @@ def test_trial_of_a_dead_worker_is_failed_by_heartbeat_and_its_run_marked_failed
 
     study, _, trial, run_id = _dead_worker_trial(tmp_path, snapshot)
     assert study_status("unit")["counts"] == {"COMPLETE": 1, "RUNNING": 1}  # within the grace period
-    time.sleep(3.5)  # grace period: 3 x heartbeat_interval (1 s)
+    time.sleep(5)  # grace period: 3 x heartbeat_interval (1 s); SQLite times have 1 s resolution
     status = study_status("unit")
     assert status["counts"] == {"COMPLETE": 1, "FAIL": 1}
     assert study.trials[trial.number].state == optuna.trial.TrialState.FAIL
@@ -204,7 +204,7 @@ def test_retry_requeues_a_dead_workers_trial_with_the_same_params(mlops_home, tm
     study, _, trial, _ = _dead_worker_trial(tmp_path, snapshot, retry_failed=1)
     trial.suggest_float("lr", 1e-4, 3e-2, log=True)
     lost = trial.params["lr"]
-    time.sleep(3.5)
+    time.sleep(5)  # past the grace period (3 s), whole seconds on SQLite
     worker = FakeTrainer()
     done = run_worker("unit", trainer=worker, log=QUIET)
     assert [o.state for o in done.outcomes] == ["COMPLETE"] and done.outcomes[0].params == {"lr": lost}

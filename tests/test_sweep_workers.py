@@ -124,7 +124,7 @@ def test_killed_worker_leaves_its_trial_failed_by_heartbeat_not_running(env, tmp
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
 
-    time.sleep(4)  # grace period: 3 x heartbeat_interval (1 s)
+    time.sleep(5)  # grace period: 3 x heartbeat_interval (1 s)
     info = status(env, "killed", postgres_url)
     states = {t["number"]: t["state"] for t in info["trials"]}
     assert states == {0: "FAIL", 1: "WAITING"}, states  # nothing is left RUNNING; trial 1 waits for a worker
