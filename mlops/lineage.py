@@ -6,6 +6,7 @@ all carry the same tags, so any artifact can be traced back to its config, data,
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import os
@@ -94,8 +95,12 @@ def git_state(cwd: Path | None = None) -> tuple[str, bool]:
     return commit, bool(status)
 
 
+@functools.lru_cache(maxsize=1)
 def environment_fingerprint() -> str:
-    """Hash of the python version, platform and every installed distribution with its version."""
+    """Hash of the python version, platform and every installed distribution with its version.
+
+    Computed once per process (~0.7 s), so a run and everything it logs carry one tag even if packages
+    are installed while it runs."""
     packages = sorted(
         f"{(d.metadata['Name'] or '').lower()}=={d.version}" for d in importlib.metadata.distributions()
     )
