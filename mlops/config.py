@@ -133,16 +133,21 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
             value = raw
-        node = data
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            child = node.get(part)
-            if not isinstance(child, dict):
-                child = {}
-                node[part] = child
-            node = child
-        node[parts[-1]] = value
+        set_dotted(data, key.strip(), value)
     return data
+
+
+def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set `a.b.c` in nested dicts, creating the levels on the way."""
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
 
 
 def load_config(path: Path | str | None = None, overrides: Sequence[str] = (), *, source: str | None = None):

@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from mlops.config import set_dotted
 from mlops.errors import ConfigError, NotFoundError
 from mlops.plugins import Registry
 from training.sweep.config import ParamSpec
@@ -198,16 +199,6 @@ def get_dotted(data: Mapping[str, Any], key: str) -> Any:
     return node
 
 
-def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    parts = key.split(".")
-    node = data
-    for part in parts[:-1]:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = {}
-            node[part] = child
-        node = child
-    node[parts[-1]] = value
 
 
 def _fraction_of(name: str, spec: ParamSpec, value: float, data: Mapping[str, Any]) -> int | float:

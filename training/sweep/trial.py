@@ -71,8 +71,7 @@ def trial_name(plan: SweepPlan, number: int) -> str:
 
 def trial_config(ctx: Context, trial, values: dict, root: int):
     """The trial's own config: base + sampled values, in the parent's experiment, own checkpoint folder."""
-    from mlops.config import validate_config
-    from training.sweep.spaces import set_dotted
+    from mlops.config import set_dotted, validate_config
 
     plan = ctx.plan
     data = apply_values(plan.params, values, plan.base)
