@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 
 SYSTEM = "You are the Northwind support assistant."
@@ -16,24 +13,13 @@ LIMIT = 6
 
 @pytest.fixture(scope="module")
 def served(tiny_model):
-    import uvicorn
-
-    from evaluation.process import free_port
     from evaluation.profile import load_profile
     from evaluation.server import create_app
+    from evaluation.testing import serve_in_thread
 
-    port = free_port()
-    profile = load_profile(tiny_model["path"]).model_copy(update={"system_prompt": SYSTEM})
-    app = create_app(tiny_model["path"], profile, model_name="tiny")
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=15)
+    app = create_app(tiny_model["path"], load_profile(tiny_model["path"]).model_copy(update={"system_prompt": SYSTEM}), model_name="tiny")
+    with serve_in_thread(app) as url:
+        yield url
 
 
 def _configs(tasks):

@@ -2,32 +2,18 @@
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 
 
 @pytest.fixture(scope="module")
 def base_url(tiny_model):
-    import uvicorn
-
-    from evaluation.process import free_port
     from evaluation.profile import load_profile
     from evaluation.server import create_app
+    from evaluation.testing import serve_in_thread
 
-    port = free_port()
     app = create_app(tiny_model["path"], load_profile(tiny_model["path"]), model_name="tiny")
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started, "uvicorn did not start"
-    yield f"http://127.0.0.1:{port}/v1"
-    server.should_exit = True
-    thread.join(timeout=15)
+    with serve_in_thread(app) as url:
+        yield url + "/v1"
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ checkpoint: a kill mid-save leaves the previous complete one as the newest valid
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -22,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+from mlops.data.format import file_sha256
 from mlops.errors import MLOpsError
 
 log = logging.getLogger(__name__)
@@ -33,14 +33,6 @@ UNIVERSAL = "universal"
 
 def tag_for(step: int) -> str:
     return f"step-{step:08d}"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def atomic_json(path: Path, obj: dict) -> None:
@@ -91,7 +83,7 @@ def gather_rng() -> list[bytes]:
 
 def file_table(folder: Path) -> dict[str, dict]:
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (MANIFEST, REJECTED))
-    return {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in files}
+    return {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": file_sha256(p)} for p in files}
 
 
 def read_manifest(folder: Path) -> dict | None:
@@ -113,7 +105,7 @@ def verify(folder: Path) -> tuple[bool, str]:
             return False, f"'{name}' is missing"
         if path.stat().st_size != meta["size"]:
             return False, f"'{name}' has {path.stat().st_size} bytes, the manifest says {meta['size']}"
-        if sha256_file(path) != meta["sha256"]:
+        if file_sha256(path) != meta["sha256"]:
             return False, f"'{name}' fails its sha256 check"
     if not manifest.get("files"):
         return False, "the manifest lists no files"
