@@ -68,9 +68,9 @@ def deployment(path: str, limit: int, tasks: list[str] | None, batch_size: int, 
     """(wall including server start, lm-eval part only)."""
     from evaluation.config import EvalConfig
     from evaluation.process import ServerProcess
-    from evaluation.profile import load_profile
     from evaluation.runner import _lm_eval, prepare_tasks
     from evaluation.suites import get_suites
+    from mlops.profile import load_profile
 
     started = time.perf_counter()
     suites = _subset(get_suites("general,business"), tasks)
@@ -99,7 +99,7 @@ def throughput(path: str, levels: list[int], requests: int, max_tokens: int) -> 
     import httpx
 
     from evaluation.process import ServerProcess
-    from evaluation.profile import load_profile
+    from mlops.profile import load_profile
 
     work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     profile_file = load_profile(path).save_as(work / "profile.yaml")

@@ -16,7 +16,7 @@ OverridesArg = typer.Argument(None, help="key=value overrides, e.g. eval.limit=1
 
 def _config(config: Path | None, overrides: list[str] | None):
     from evaluation.config import EvalConfig
-    from mlops.cli import load
+    from mlops.cli_options import load
 
     cfg = load(config, overrides)
     if cfg.eval is None:  # every eval setting has a sensible default
@@ -34,9 +34,9 @@ def serve(
     threads: int | None = typer.Option(None, min=1, help="torch threads (default: cores - 1, or MLOPS_SERVE_THREADS)"),
 ) -> None:
     """Serve a model version over an OpenAI-compatible API, configured by its deployment profile."""
-    from evaluation.profile import ProfileMismatchError, check_template, choose_eval_profile, read_profile
     from evaluation.server import serve as run_server
-    from registry.versions import resolve_model_ref
+    from mlops.model_refs import resolve_model_ref
+    from mlops.profile import ProfileMismatchError, check_template, choose_eval_profile, read_profile
 
     resolved = resolve_model_ref(model)
     chosen, diffs = choose_eval_profile(resolved.profile(), read_profile(profile) if profile else None,
@@ -99,7 +99,7 @@ def contamination(
     from evaluation.contamination import contamination_for_model
     from evaluation.runner import contamination_tags
     from evaluation.suites import get_suites
-    from registry.versions import resolve_model_ref, set_version_tags
+    from mlops.model_refs import resolve_model_ref, set_version_tags
 
     cfg = _config(config, overrides)
     resolved = resolve_model_ref(model)

@@ -1,15 +1,49 @@
-"""`mlops gate`: find the eval runs of challenger, champion and past champions, compare, report, tag."""
+"""`mlops gate`: find the exact eval evidence of challenger, champion and past champions, compare, report, tag.
+
+Evidence is exact: an eval counts for a model only if it judged that content id under the model's own deployment
+profile (never a forced one), on the suite versions the gate is configured with, and on the full suites (or the
+`eval.limit` the gate's config declares). The eval recorded on a version (`mlops.eval_run_id`) is tried first,
+then the newest qualifying one. Nothing here downloads weights: models are described from their tags.
+"""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from evaluation.gate import GateReport, compare
 from evaluation.report import to_markdown, write_report
 from mlops.errors import MLOpsError, NotFoundError
 from mlops.lineage import Tag
+
+
+class EvidenceError(NotFoundError):
+    """No stored eval satisfies the gate's evidence rules for a model."""
+
+
+@dataclass(frozen=True)
+class EvidenceRule:
+    """What an eval run must match to count as evidence."""
+
+    suites: tuple[str, ...]  # suite labels, e.g. ("business@v2", "general@v1")
+    limit: int | None  # None: every item of every task
+
+    @property
+    def limit_tag(self) -> str:
+        return limit_tag(self.limit)
+
+
+def limit_tag(limit: int | None) -> str:
+    return "all" if limit is None else str(int(limit))
+
+
+@dataclass(frozen=True)
+class Evidence:
+    ref: str
+    key: str
+    eval_run_id: str
+    summary: dict = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -20,27 +54,77 @@ class GateOutcome:
     run_id: str
 
 
-def eval_summary(model) -> dict:
-    """The summary of the newest finished deployment-form eval of a resolved model."""
-    from registry.versions import latest_run, load_run_json
+def expected_profile_hash(model) -> str:
+    """The profile the model is released with: the version's (or run's) tag, or the folder's own file."""
+    recorded = model.profile_hash
+    if recorded:
+        return recorded
+    from mlops.model_refs import materialize
 
-    run_id = latest_run({Tag.MODEL_KEY: model.key, Tag.STAGE: "eval"})
-    if run_id is None:
-        raise NotFoundError(
-            f"model '{model.ref}' ({model.key}) has no finished eval run. "
-            f"Fix: run `mlops eval --model {model.ref}` first."
-        )
-    return load_run_json(run_id, "eval/summary.json")
+    return materialize(model).profile().profile_hash()
+
+
+def disqualification(run, key: str, profile_hash: str, rule: EvidenceRule) -> str | None:
+    """Why an eval run is not evidence for this model under this rule, or None when it is."""
+    tags, params = run.data.tags, run.data.params
+    if run.info.status != "FINISHED":
+        return f"it is {run.info.status}, not FINISHED"
+    if tags.get(Tag.STAGE) != "eval":
+        return "it is not an eval run"
+    if tags.get(Tag.MODEL_KEY) != key:
+        return f"it judged model content {tags.get(Tag.MODEL_KEY)}, not {key}"
+    if tags.get(Tag.EVAL_FORCED_PROFILE) == "true":
+        return "it ran under a forced deployment profile, which can never satisfy a gate"
+    if tags.get(Tag.PROFILE_HASH) != profile_hash:
+        return f"its deployment profile {tags.get(Tag.PROFILE_HASH)} is not the model's {profile_hash}"
+    ran = tuple(sorted(filter(None, tags.get(Tag.SUITE_VERSION, "").split(","))))
+    if ran != tuple(sorted(rule.suites)):
+        return f"it ran suites {','.join(ran) or 'none'}, the gate needs {','.join(sorted(rule.suites))}"
+    limit = tags.get(Tag.EVAL_LIMIT) or limit_tag(None if params.get("limit") in (None, "None") else
+                                                  int(params["limit"]))
+    if limit != rule.limit_tag:
+        return f"it ran with eval.limit={limit}, the gate needs eval.limit={rule.limit_tag}"
+    return None
+
+
+def find_evidence(model, rule: EvidenceRule) -> Evidence:
+    """The eval run that counts for `model` (a description or resolved model) under `rule`."""
+    from mlops.model_refs import model_key
+    from mlops.run_store import find_runs, get_run, load_run_json
+
+    key = model_key(model)
+    profile_hash = expected_profile_hash(model)
+    recorded = model.version_tags.get(Tag.EVAL_RUN) if model.kind == "version" else None
+    candidates, rejected = [], []
+    if recorded:
+        try:
+            candidates.append(get_run(recorded))
+        except NotFoundError:
+            rejected.append(f"recorded eval run {recorded}: it no longer exists")
+    candidates += [r for r in find_runs({Tag.MODEL_KEY: key, Tag.STAGE: "eval"}, status=None, max_results=50)
+                   if r.info.run_id != recorded]
+    for run in candidates:
+        why = disqualification(run, key, profile_hash, rule)
+        if why is None:
+            return Evidence(model.ref, key, run.info.run_id, load_run_json(run.info.run_id, "eval/summary.json"))
+        rejected.append(f"eval run {run.info.run_id}: {why}")
+    seen = "; ".join(rejected[:6]) if rejected else "there is no eval run of this content at all"
+    limit = "" if rule.limit is None else f" eval.limit={rule.limit}"
+    raise EvidenceError(
+        f"model '{model.ref}' (content {key}, profile {profile_hash}) has no eval the gate can use ({seen}). "
+        f"Fix: run `mlops eval --model {model.ref} --suites {','.join(s.split('@')[0] for s in rule.suites)}"
+        f"{limit}` without --profile/--force-profile, with the same config as the gate."
+    )
 
 
 def _champion(ref: str | None):
-    """The resolved champion, or None when the ref names an alias nobody holds yet (a first release)."""
-    from registry.versions import MODELS_RE, resolve_model_ref
+    """The described champion, or None when the ref names an alias nobody holds yet (a first release)."""
+    from mlops.model_refs import MODELS_RE, describe
 
     if not ref or not ref.strip():
         return None
     try:
-        return resolve_model_ref(ref)
+        return describe(ref)
     except NotFoundError:
         match = MODELS_RE.match(ref.strip())
         if match and match["alias"]:
@@ -48,38 +132,51 @@ def _champion(ref: str | None):
         raise
 
 
+def evidence_rule(cfg) -> EvidenceRule:
+    from evaluation.suites import get_suites
+
+    eval_cfg = cfg.eval
+    suites = get_suites(eval_cfg.suites, eval_cfg.suite_paths)
+    return EvidenceRule(tuple(sorted({s.label for s in suites})), eval_cfg.limit)
+
+
 def run_gate(cfg, challenger_ref: str, champion_ref: str | None, *, history: list[str] | None = None) -> GateOutcome:
     from mlops.config import require_section
     from mlops.lineage import collect_lineage
+    from mlops.model_refs import describe, model_key, previous_versions, set_version_tags
     from mlops.paths import mlops_dir
     from mlops.tracking import tracked_run
-    from registry.versions import previous_versions, resolve_model_ref, set_version_tags
 
     gate_cfg = require_section(cfg, "eval").gate
-    challenger = resolve_model_ref(challenger_ref)
+    rule = evidence_rule(cfg)
+    challenger = describe(challenger_ref)
     champion = _champion(champion_ref)
-    if champion is not None and champion.key == challenger.key:
+    key = model_key(challenger)
+    if champion is not None and model_key(champion) == key:
         raise MLOpsError(
-            f"the challenger '{challenger_ref}' is the champion '{champion_ref}' itself. "
+            f"the challenger '{challenger_ref}' is the champion '{champion_ref}' itself (content {key}). "
             "Fix: gate a new model version against the current champion."
         )
     past = list(dict.fromkeys([*gate_cfg.history, *(history or [])]))
     if champion is not None:
         past += previous_versions(champion, Tag.GATE_EVAL, "passed", gate_cfg.history_from_registry)
-    past_models = [m for m in (resolve_model_ref(r) for r in dict.fromkeys(past))
-                   if m.key not in {challenger.key, champion.key if champion else None}]
-    mine = eval_summary(challenger)
-    theirs = eval_summary(champion) if champion else None
-    report = compare(mine, theirs, gate_cfg, challenger_label=challenger_ref,
+    excluded = {key, model_key(champion) if champion else None}
+    past_models = [m for m in (describe(r) for r in dict.fromkeys(past)) if model_key(m) not in excluded]
+    mine = find_evidence(challenger, rule)
+    theirs = find_evidence(champion, rule) if champion else None
+    past_evidence = [find_evidence(m, rule) for m in past_models]
+    report = compare(mine.summary, theirs.summary if theirs else None, gate_cfg, challenger_label=challenger_ref,
                      champion_label=champion_ref if champion else "none",
-                     history=[(m.ref, eval_summary(m)) for m in past_models])
+                     history=[(e.ref, e.summary) for e in past_evidence])
+    report.settings["evidence"] = evidence_record(challenger, champion, mine, theirs, past_evidence, rule)
     if champion is None and champion_ref:
         report.notes.insert(0, f"'{champion_ref}' names no model version yet")
-    folder = mlops_dir() / "gates" / f"{challenger.key}-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder = mlops_dir() / "gates" / f"{key}-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**6}"
     json_path, md_path = write_report(report, folder)
     result = "passed" if report.passed else "failed"
     lineage = collect_lineage("gate", cfg.run.seed, extra={
-        Tag.STAGE: "gate", Tag.MODEL_REF: challenger_ref, Tag.MODEL_KEY: challenger.key, Tag.GATE_EVAL: result,
+        Tag.STAGE: "gate", Tag.MODEL_REF: challenger_ref, Tag.MODEL_KEY: key, Tag.GATE_EVAL: result,
+        Tag.EVAL_RUN: mine.eval_run_id,
     })
     with tracked_run(cfg.run.experiment, run_name=f"gate {challenger.served_name}", tags=lineage.as_tags()) as run:
         run.log_artifact(json_path, "gate")
@@ -87,12 +184,28 @@ def run_gate(cfg, challenger_ref: str, champion_ref: str | None, *, history: lis
         run.log_metrics({"gate_passed": float(report.passed), "gate_checks": len(report.checks),
                          "gate_failures": len(report.reasons)}, step=0)
         run.log_params({"challenger": challenger_ref, "champion": champion_ref or "",
-                        "history": ",".join(m.ref for m in past_models)})
+                        "history": ",".join(m.ref for m in past_models),
+                        "challenger_eval_run": mine.eval_run_id,
+                        "champion_eval_run": theirs.eval_run_id if theirs else ""})
         set_version_tags(challenger, {
             Tag.GATE_EVAL: result, Tag.GATE_REASONS: "; ".join(report.reasons)[:4000] or "all checks passed",
             Tag.GATE_RUN: run.run_id,
         })
         return GateOutcome(report, json_path, md_path, run.run_id)
+
+
+def evidence_record(challenger, champion, mine: Evidence, theirs: Evidence | None, past: list[Evidence],
+                    rule: EvidenceRule) -> dict:
+    """Exactly what the verdict stands on, stored in the report (the registry checks it is still current)."""
+    def who(model, ev: Evidence | None) -> dict | None:
+        if model is None or ev is None:
+            return None
+        return {"ref": model.ref, "name": model.name, "version": model.version, "content_id": ev.key,
+                "eval_run_id": ev.eval_run_id}
+
+    return {"challenger": who(challenger, mine), "champion": who(champion, theirs),
+            "history": [{"ref": e.ref, "content_id": e.key, "eval_run_id": e.eval_run_id} for e in past],
+            "suites": list(rule.suites), "limit": rule.limit_tag}
 
 
 def render(outcome: GateOutcome) -> str:

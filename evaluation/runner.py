@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evaluation.process import ServerProcess
-from evaluation.profile import DeploymentProfile, check_template, choose_eval_profile, read_profile
 from evaluation.results import Score, metrics_for_tracking, summary, task_scores, write_samples
 from evaluation.suites import Suite, get_suites, task_config
 from mlops.lineage import Tag
+from mlops.profile import DeploymentProfile, check_template, choose_eval_profile, read_profile
 
 
 @dataclass(frozen=True)
@@ -98,11 +98,12 @@ def run_eval(cfg, ref: str, *, suites: list[str] | str | None = None, profile_pa
     Under `mlflow run -e eval` the eval logs into the project's run (MLFLOW_RUN_ID); a caller that runs an eval
     inside another stage's `mlflow run` (a sweep objective) passes `attach_env_run=False` to get a run of its own.
     """
+    from evaluation.gate_run import limit_tag
     from mlops.config import config_hash, require_section, resolved_yaml
     from mlops.lineage import collect_lineage, enforce_release
+    from mlops.model_refs import resolve_model_ref, set_version_tags
     from mlops.paths import mlops_dir
     from mlops.tracking import tracked_run
-    from registry.versions import resolve_model_ref, set_version_tags
 
     eval_cfg = require_section(cfg, "eval")
     model = resolve_model_ref(ref)  # fails before anything starts
@@ -112,7 +113,7 @@ def run_eval(cfg, ref: str, *, suites: list[str] | str | None = None, profile_pa
     profile, diffs = choose_eval_profile(released, proposed, force=force_profile)
     template_problem = check_template(profile, model.hf_dir)
     if template_problem and not force_profile:
-        from evaluation.profile import ProfileMismatchError
+        from mlops.profile import ProfileMismatchError
 
         raise ProfileMismatchError(
             f"{template_problem}: the model would be served with another template than its profile names. "
@@ -126,7 +127,8 @@ def run_eval(cfg, ref: str, *, suites: list[str] | str | None = None, profile_pa
         snapshot_id=model.snapshot_id,
         extra={Tag.STAGE: "eval", Tag.MODEL_REF: ref, Tag.MODEL_KEY: model.key, Tag.SOURCE_RUN: model.run_id,
                Tag.PROFILE_HASH: profile.profile_hash(), Tag.SUITE_VERSION: ",".join(labels),
-               Tag.EVAL_FORCED_PROFILE: str(forced).lower(), Tag.RELEASE: str(cfg.run.release).lower()},
+               Tag.EVAL_FORCED_PROFILE: str(forced).lower(), Tag.RELEASE: str(cfg.run.release).lower(),
+               Tag.EVAL_LIMIT: limit_tag(eval_cfg.limit)},
     )
     enforce_release(lineage, cfg.run.release)
     work = mlops_dir() / "eval" / f"{model.key}-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**6}"
@@ -193,7 +195,8 @@ def run_eval(cfg, ref: str, *, suites: list[str] | str | None = None, profile_pa
             run.log_dict(contamination, "eval/contamination.json")
             run.set_tags(contamination_tags(contamination))
             set_version_tags(model, contamination_tags(contamination))
-        set_version_tags(model, {Tag.EVAL_RUN: run.run_id})
+        if not forced:  # a forced-profile eval is labelled, never recorded as the version's evidence
+            set_version_tags(model, {Tag.EVAL_RUN: run.run_id})
         return EvalOutcome(run.run_id, model.key, scores, doc, wall, contamination)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from evaluation.api_schema import ApiError, ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from evaluation.generation import Engine, Generated, GenParams, Scored
-from evaluation.profile import DeploymentProfile, chat_template_hash, template_of
+from mlops.profile import DeploymentProfile, chat_template_hash, template_of
 
 log = logging.getLogger("mlops.serve")
 REQUEST_ID = "X-Request-ID"

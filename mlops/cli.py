@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from mlops.cli_options import ConfigOpt, OverridesArg, load
 from mlops.errors import MLOpsError
 
 app = typer.Typer(
@@ -23,22 +24,6 @@ app.add_typer(base_model_app, name="base-model")
 app.add_typer(config_app, name="config")
 tracking_app = typer.Typer(help="Prepare and inspect the tracking store.", no_args_is_help=True)
 app.add_typer(tracking_app, name="tracking")
-
-ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config file")
-OverridesArg = typer.Argument(None, help="key=value overrides, e.g. train.lr=1e-4", show_default=False)
-
-
-def split_overrides(overrides: list[str] | None) -> list[str]:
-    """`mlflow run -P overrides="a=1 b=2"` arrives as one argument: split it, honouring quotes."""
-    import shlex
-
-    return [part for item in overrides or [] for part in shlex.split(item)]
-
-
-def load(config: Path | None, overrides: list[str] | None):
-    from mlops.config import load_config
-
-    return load_config(config, split_overrides(overrides))
 
 
 @base_model_app.command("import")
@@ -88,6 +73,25 @@ def tracking_init(experiment: str = typer.Option("mlops", help="experiment to cr
     typer.echo(f"tracking URI: {uri}\nexperiment:   {experiment} (id {experiment_id})")
 
 
+@tracking_app.command("reap")
+def tracking_reap(
+    stale_after: float = typer.Option(600.0, help="also reap runs whose heartbeat is older than this (seconds)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="list what would be reaped, change nothing"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Mark RUNNING runs whose process is gone (on this host) or whose heartbeat stopped as KILLED."""
+    from mlops.reaper import reap
+
+    reaped = reap(stale_after=stale_after, dry_run=dry_run)
+    if as_json:
+        typer.echo(json.dumps([r.__dict__ for r in reaped], indent=2))
+        return
+    verb = "would reap" if dry_run else "reaped"
+    for r in reaped:
+        typer.echo(f"{verb} run {r.run_id} (experiment {r.experiment_id}): {r.reason}")
+    typer.echo(f"{len(reaped)} run(s) {verb}")
+
+
 @app.command()
 def info() -> None:
     """Where state lives: project home, tracking URI, image tag, git commit."""
@@ -131,15 +135,18 @@ def smoke(
 
 
 def _register_stages() -> None:
-    from evaluation.cli import register as register_eval
-    from mlops.data.cli import app as data_app
-    from training.cli import app as train_app
-    from training.sweep_cli import app as sweep_app
+    """The composition root: add every registered stage's commands (only a stage's own module imports it)."""
+    from mlops.stages import load_stages, resolve
 
-    app.add_typer(data_app, name="data")
-    app.add_typer(train_app, name="train")
-    app.add_typer(sweep_app, name="sweep")
-    register_eval(app)
+    if getattr(app, "_mlops_stages_added", False):
+        return
+    for name, target in load_stages().commands.items():
+        commands = resolve(target)
+        if isinstance(commands, typer.Typer):
+            app.add_typer(commands, name=name)
+        else:
+            commands(app)
+    app._mlops_stages_added = True
 
 
 def _offline_defaults() -> None:

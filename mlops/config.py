@@ -1,7 +1,7 @@
 """One typed config tree: YAML plus `key=value` overrides, strict validation, canonical hashing.
 
-Each stage owns a section (`data`, `train`, `eval`, `sweep`); a stage's YAML holds `run`, `base_model` and the
-sections it needs. The hash covers what is present, minus fields marked `volatile` (output dirs, logging
+Each stage owns a section (`data`, `train`, `eval`, `sweep`, ...) and registers it with the core through
+`mlops.stages`; a stage's YAML holds `run`, `base_model` and the sections it needs. The hash covers what is present, minus fields marked `volatile` (output dirs, logging
 cadence, tracking location), which change where results go but never what they are.
 """
 
@@ -46,12 +46,10 @@ class RunConfig(StrictModel):
 
 
 def _section_types() -> dict[str, type[StrictModel]]:
-    # Imported here so each stage owns its section module without import cycles.
-    from evaluation.config import EvalConfig
-    from mlops.data.config import DataConfig
-    from training.config import SweepConfig, TrainConfig
+    # Each stage registers its own section with the core (mlops.stages); the core never imports a stage.
+    from mlops.stages import load_stages
 
-    return {"data": DataConfig, "train": TrainConfig, "eval": EvalConfig, "sweep": SweepConfig}
+    return dict(load_stages().sections)
 
 
 def _build_root() -> type[StrictModel]:

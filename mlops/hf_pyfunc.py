@@ -23,7 +23,7 @@ class HFChatModel(mlflow.pyfunc.PythonModel):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from evaluation.profile import load_profile
+        from mlops.profile import load_profile
 
         if self._model is None:
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
@@ -48,10 +48,6 @@ class HFChatModel(mlflow.pyfunc.PythonModel):
 
 def hf_folder_in(model_dir: Path) -> Path:
     """The HF folder inside a downloaded MLflow model directory (or the folder itself if it is one)."""
-    model_dir = Path(model_dir)
-    # pyfunc keeps the logged folder's own name under artifacts/, so look one level down.
-    candidates = [model_dir, *sorted((model_dir / "artifacts").glob("*/")), model_dir / HF_ARTIFACT]
-    for candidate in candidates:
-        if (candidate / "config.json").exists():
-            return candidate
-    raise FileNotFoundError(f"no HF model folder (config.json) inside {model_dir}")
+    from mlops.model_refs import find_hf_folder
+
+    return find_hf_folder(Path(model_dir), depth=0)

@@ -51,7 +51,17 @@ class Tag(StrEnum):
     RESUMED_FROM = "mlops.resumed_from_checkpoint"
     SMOKE = "mlops.smoke"
     PROFILE = "mlops.deployment_profile"
-    MODEL_KEY = "mlops.model_key"
+    MODEL_KEY = "mlops.model_key"  # on eval and gate runs: the content id of the model they judged
+    MODEL_ID = "mlops.model_content_id"  # weights + tokenizer + chat template, written once when training ends
+    DATA_RUN = "mlops.data_run_id"  # the data run that built the snapshot (its manifest and GE results)
+    EVAL_LIMIT = "mlops.eval_limit"  # items per task an eval ran with ("all" for the full suites)
+    HOST = "mlops.host"
+    PID = "mlops.pid"
+    PROCESS_START = "mlops.process_start"  # the process's start time: a reused pid is not the same process
+    HEARTBEAT = "mlops.heartbeat"  # UTC epoch seconds of the last sign of life of a long run
+    REAPED = "mlops.reaped"  # why a RUNNING run whose process was gone was marked KILLED
+    ACTOR = "mlops.actor"  # the registry identity that ran the stage (MLOPS_USER), not the OS user
+    ACTOR_VERIFIED = "mlops.actor_verified"  # true when MLOPS_PASSWORD authenticated it
     MODEL_REF = "mlops.model_ref"
     EVAL_RUN = "mlops.eval_run_id"
     EVAL_FORCED_PROFILE = "mlops.eval_forced_profile"
@@ -130,6 +140,8 @@ class Lineage:
     base_model_id: str | None = None
     snapshot_id: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    actor: str | None = None
+    actor_verified: bool = False
 
     def as_tags(self) -> dict[str, str]:
         tags = {
@@ -147,6 +159,9 @@ class Lineage:
             Tag.SNAPSHOT_ID: self.snapshot_id,
         }
         tags.update({k: v for k, v in optional.items() if v is not None})
+        if self.actor:
+            tags[Tag.ACTOR] = self.actor
+            tags[Tag.ACTOR_VERIFIED] = str(self.actor_verified).lower()
         tags.update(self.extra)
         return {str(k): str(v) for k, v in tags.items()}
 
@@ -163,9 +178,14 @@ def collect_lineage(
     snapshot_id: str | None = None,
     extra: dict[str, str] | None = None,
 ) -> Lineage:
+    from mlops.identities import PASSWORD_ENV, acting_name
+
     tag, mutable = image_tag()
     commit, dirty = git_state()
+    actor = acting_name()
     return Lineage(
+        actor=actor,
+        actor_verified=bool(actor and os.environ.get(PASSWORD_ENV)),
         config_hash=config_hash,
         image_tag=tag,
         image_tag_mutable=mutable,

@@ -6,6 +6,10 @@ import os
 from pathlib import Path
 
 HOME_ENV = "MLOPS_HOME"
+# Roots a team points at a shared filesystem, so a worker on another machine finds a snapshot by its id and
+# a resumed run finds its checkpoints.
+SNAPSHOTS_ENV = "MLOPS_SNAPSHOTS_DIR"
+CHECKPOINTS_ENV = "MLOPS_CHECKPOINTS_DIR"
 
 
 def project_home() -> Path:
@@ -32,8 +36,19 @@ def models_dir() -> Path:
     return mlops_dir() / "models"
 
 
+def _root(env: str, default: Path) -> Path:
+    explicit = os.environ.get(env, "").strip()
+    return Path(explicit).expanduser().resolve() if explicit else default
+
+
 def snapshots_dir() -> Path:
-    return mlops_dir() / "snapshots"
+    """Where snapshots live: MLOPS_SNAPSHOTS_DIR (a shared filesystem), else .mlops/snapshots."""
+    return _root(SNAPSHOTS_ENV, mlops_dir() / "snapshots")
+
+
+def checkpoints_dir() -> Path:
+    """Where checkpoints live by default: MLOPS_CHECKPOINTS_DIR (a shared filesystem), else .mlops/checkpoints."""
+    return _root(CHECKPOINTS_ENV, mlops_dir() / "checkpoints")
 
 
 def runs_dir() -> Path:

@@ -46,6 +46,15 @@ def tracking_uri() -> str:
     return os.environ.get(URI_ENV, "").strip() or default_tracking_uri()
 
 
+def display_uri(uri: str) -> str:
+    """A URI without its password, for messages and tags."""
+    parsed = urllib.parse.urlsplit(uri)
+    if parsed.password:
+        netloc = parsed.netloc.replace(f":{parsed.password}@", ":***@")
+        return urllib.parse.urlunsplit(parsed._replace(netloc=netloc))
+    return uri
+
+
 def default_artifact_location() -> str:
     return (mlops_dir() / "artifacts").as_uri()
 
@@ -142,8 +151,8 @@ class MlflowTracker:
                 run_tags[str(Tag.PARENT_RUN)] = parent_run_id
             run_id = client.create_run(experiment_id, tags=run_tags, run_name=run_name).info.run_id
         tracker = cls(client, run_id, uri)
-        if tags:
-            tracker.set_tags(tags)
+        tracker.set_tags({**process_tags(), **(tags or {})})
+        reap_once()
         return tracker
 
     def log_params(self, params: Mapping[str, Any]) -> None:
@@ -230,6 +239,42 @@ class MlflowTracker:
         active = mlflow.active_run()
         if active is not None and active.info.run_id == self.run_id:
             mlflow.end_run(status)
+
+
+def process_tags() -> dict[str, str]:
+    """Host and process of the run's owner, so `mlops tracking reap` can tell a dead run from a live one."""
+    import psutil
+
+    pid = os.getpid()
+    return {Tag.HOST: socket.gethostname(), Tag.PID: str(pid),
+            Tag.PROCESS_START: f"{psutil.Process(pid).create_time():.2f}"}
+
+
+def mark_killed(run_id: str, reason: str, uri: str | None = None) -> None:
+    """End a RUNNING run whose process is gone as KILLED, saying why (the reaper's only write)."""
+    client = _client(uri or tracking_uri())
+    client.set_tag(run_id, Tag.REAPED, reason[:4000])
+    client.set_tag(run_id, Tag.FAILURE_REASON, reason[:4000])
+    client.set_terminated(run_id, status="KILLED")
+
+
+_REAPED = False
+
+
+def reap_once() -> None:
+    """Every stage, at its start, closes this host's runs whose process died (once per process, best effort)."""
+    global _REAPED
+    if _REAPED or os.environ.get("MLOPS_NO_REAP"):
+        return
+    _REAPED = True
+    try:
+        from mlops.reaper import reap
+
+        reap()
+    except Exception as err:  # noqa: BLE001 - housekeeping must never stop the stage that starts
+        import logging
+
+        logging.getLogger(__name__).warning("could not reap dead runs: %s", err)
 
 
 @contextmanager

@@ -14,7 +14,8 @@ PY="${PYTHON:-.venv/bin/python}"
 import sys
 
 from mlops.lineage import Tag
-from registry.versions import latest_run, register_model_version
+from mlops.run_store import latest_run
+from registry.versions import register_model_version
 
 run = latest_run({Tag.STAGE: "train"}, having=(Tag.PROFILE_HASH,))
 if run is None:
@@ -27,6 +28,7 @@ overrides="eval.limit=${EVAL_LIMIT:-null}"
 mlflow run mlproject -e eval --env-manager local --experiment-name demo \
   -P model="models:/${MODEL_NAME}@candidate" -P suites=general,business -P overrides="$overrides" \
   -P config=configs/eval/default.yaml
+# The gate counts only evals of the same suites and limit as its own config declares: pass the same overrides.
 mlflow run mlproject -e gate --env-manager local --experiment-name demo \
   -P challenger="models:/${MODEL_NAME}@candidate" -P champion="models:/${MODEL_NAME}@production" \
-  -P config=configs/eval/default.yaml
+  -P overrides="$overrides" -P config=configs/eval/default.yaml

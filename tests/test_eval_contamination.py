@@ -7,7 +7,7 @@ from pathlib import Path
 from evaluation.config import ContaminationConfig
 from evaluation.contamination import contamination_for_model, contamination_report
 from evaluation.suites import get_suites
-from registry.versions import ResolvedModel
+from mlops.model_refs import ResolvedModel
 
 ITEM = {"id": "x-1", "prompt": "How many days after delivery does a customer have to return an item?",
         "choices": ["14 days", "30 days", "60 days", "90 days"], "answer": 1}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import threading
@@ -10,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.profile import load_profile
 from mlops.errors import NotFoundError
 from mlops.lineage import Tag
+from mlops.profile import load_profile
 
 
 @pytest.fixture
@@ -21,15 +22,20 @@ def registered(mlops_home, tiny_model, tmp_path):
     from mlops.tracking import tracked_run
     from registry.versions import register_model_version
 
-    folder = tmp_path / "tiny-model"
-    shutil.copytree(tiny_model["path"], folder)
-    profile = load_profile(folder).model_copy(update={"system_prompt": "You are the Northwind support assistant."})
-    profile.save(folder)
-    with tracked_run("test", run_name="train", tags={Tag.STAGE: "train", Tag.BASE_MODEL: "tiny"}) as run:
-        run.log_hf_model(folder)
-    v1 = register_model_version(run.run_id, "bot", alias="production")
-    v2 = register_model_version(run.run_id, "bot", alias="candidate")
-    return {"run_id": run.run_id, "versions": (v1, v2), "profile": profile}
+    runs = []
+    for variant in (1, 2):  # two trainings with different weights: two models, each with its own content id
+        folder = tmp_path / f"tiny-model-{variant}"
+        shutil.copytree(tiny_model["path"], folder)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "mlops_test_variant": variant}))
+        profile = load_profile(folder).model_copy(update={"system_prompt": "You are the Northwind support assistant."})
+        profile.save(folder)
+        with tracked_run("test", run_name="train", tags={Tag.STAGE: "train", Tag.BASE_MODEL: "tiny"}) as run:
+            run.log_hf_model(folder)
+        runs.append(run.run_id)
+    v1 = register_model_version(runs[0], "bot", alias="production")
+    v2 = register_model_version(runs[1], "bot", alias="candidate")
+    return {"run_id": runs[1], "versions": (v1, v2), "profile": profile}
 
 
 def _cfg(*overrides: str):
@@ -47,7 +53,7 @@ def _client():
 
 
 def test_registered_version_carries_lineage_and_profile(registered):
-    from registry.versions import resolve_model_ref
+    from mlops.model_refs import resolve_model_ref
 
     model = resolve_model_ref("models:/bot@candidate")
     assert model.kind == "version" and model.version == registered["versions"][1]
@@ -73,8 +79,8 @@ def test_a_ref_that_does_not_exist_fails_before_anything_starts(registered):
 
 
 def test_a_profile_other_than_the_released_one_is_refused_unless_forced(registered, tmp_path):
-    from evaluation.profile import ProfileMismatchError
     from evaluation.runner import run_eval
+    from mlops.profile import ProfileMismatchError
 
     other = registered["profile"].model_copy(update={"system_prompt": "Be terse."}).save_as(tmp_path / "p.yaml")
     with pytest.raises(ProfileMismatchError, match="system_prompt"):
@@ -88,7 +94,13 @@ def test_eval_logs_suite_results_through_the_served_endpoint(registered):
     outcome = run_eval(_cfg(), "models:/bot@candidate", suites="general,business")
     run = _client().get_run(outcome.run_id)
     assert run.info.status == "FINISHED"
-    assert run.data.tags[Tag.MODEL_KEY] == "bot-v2" and run.data.tags[Tag.SUITE_VERSION] == "business@v1,general@v1"
+    from evaluation.gate_run import evidence_rule
+    from registry.versions import version_tags
+
+    content_id = version_tags("bot", registered["versions"][1])[Tag.MODEL_ID]
+    assert run.data.tags[Tag.MODEL_KEY] == content_id and content_id.startswith("mc-")
+    assert run.data.tags[Tag.SUITE_VERSION] == ",".join(evidence_rule(_cfg()).suites)
+    assert run.data.tags[Tag.EVAL_LIMIT] == "2"
     assert run.data.tags[Tag.EVAL_FORCED_PROFILE] == "false"
     assert run.data.params["served_chat_template_hash"] == registered["profile"].chat_template_hash
     assert run.data.params["system_prompt"] == registered["profile"].system_prompt
@@ -129,15 +141,21 @@ def test_an_eval_whose_server_dies_is_failed_with_the_log_and_no_scores(register
 def _fake_eval(ref: str, general: float, billing: float) -> None:
     """An eval run as `mlops eval` leaves it, with constructed scores (the gate only reads summaries)."""
     from evaluation.results import Score, summary
+    from mlops.model_refs import resolve_model_ref
     from mlops.tracking import tracked_run
-    from registry.versions import resolve_model_ref
 
     model = resolve_model_ref(ref)
     tasks = [Score("general_knowledge", "general", "knowledge", "acc", general, 0.04, 100),
              Score("biz_billing_mc", "business", "billing", "acc", billing, 0.04, 100)]
     doc = summary(tasks, [])
     doc["suites"] = {"general": {"version": 1}, "business": {"version": 1}}
-    with tracked_run("eval-test", tags={Tag.STAGE: "eval", Tag.MODEL_KEY: model.key}) as run:
+    from evaluation.gate_run import evidence_rule
+
+    rule = evidence_rule(_cfg())  # what the tests' gate config counts as evidence
+    tags = {Tag.STAGE: "eval", Tag.MODEL_KEY: model.key, Tag.PROFILE_HASH: model.profile().profile_hash(),
+            Tag.SUITE_VERSION: ",".join(rule.suites), Tag.EVAL_LIMIT: rule.limit_tag,
+            Tag.EVAL_FORCED_PROFILE: "false"}
+    with tracked_run("eval-test", tags=tags) as run:
         run.log_dict(doc, "eval/summary.json")
 
 

@@ -42,3 +42,55 @@ def test_importing_every_module_writes_nothing(tmp_path):
     out = run_python(code, tmp_path, home)
     assert out.returncode == 0, out.stderr[-2000:]
     assert [p.name for p in tmp_path.iterdir()] == []
+
+
+STAGES = ("training", "evaluation", "registry", "app")
+COMPOSITION_ROOTS = {"mlops/cli.py", "mlops/__main__.py"}
+
+
+def stage_imports(source: str) -> list[str]:
+    """Stage packages a module imports (top-level or inside functions), by walking its AST."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        found += [n for n in names if n.split(".")[0] in STAGES]
+    return found
+
+
+def test_core_modules_import_no_stage():
+    offenders = {}
+    for path in sorted((REPO / "mlops").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel in COMPOSITION_ROOTS:
+            continue
+        if imports := stage_imports(path.read_text(encoding="utf-8")):
+            offenders[rel] = imports
+    assert offenders == {}, f"core modules import stages (arrows must point down): {offenders}"
+
+
+def test_import_direction_check_catches_a_function_level_stage_import():
+    source = "def f():\n    from evaluation.profile import load_profile\n    import training.engine\n"
+    assert stage_imports(source) == ["evaluation.profile", "training.engine"]
+    assert stage_imports("from mlops.profile import load_profile\nimport trainingwheels\n") == []
+
+
+def test_production_code_imports_no_test_fakes():
+    fakes = {"training.testing", "training.sweep.testing", "mlops.data.testing", "evaluation.testing"}
+    offenders = {}
+    for pkg in ("mlops", "training", "evaluation", "registry", "app"):
+        for path in sorted((REPO / pkg).rglob("*.py")):
+            if path.name == "testing.py":
+                continue
+            import ast
+
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            used = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module in fakes]
+            if used:
+                offenders[path.relative_to(REPO).as_posix()] = used
+    assert offenders == {}, f"production modules import test fakes: {offenders}"

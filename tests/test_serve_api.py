@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from evaluation.profile import DeploymentProfile, SamplingParams, load_profile
+from mlops.profile import DeploymentProfile, SamplingParams, load_profile
 
 
 @pytest.fixture(scope="module")

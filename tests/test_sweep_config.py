@@ -177,13 +177,11 @@ def test_unreachable_storage_is_a_clear_error(tmp_path):
 
 def test_opening_storage_retries_when_another_worker_is_creating_the_schema(monkeypatch):
     import optuna
+    from psycopg.errors import UniqueViolation
 
     from training.sweep import storage as st
 
     calls = []
-
-    class UniqueViolation(Exception):
-        pass
 
     def flaky(url, **kwargs):
         calls.append(url)

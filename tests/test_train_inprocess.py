@@ -99,8 +99,8 @@ def test_corrupt_shard_byte_falls_back_to_the_previous_checkpoint(make_cfg, tmp_
 def test_final_model_is_a_merged_hf_folder_with_profile(make_cfg):
     from safetensors import safe_open
 
-    from evaluation.profile import PROFILE_FILE, load_profile
     from mlops.hf_pyfunc import hf_folder_in
+    from mlops.profile import PROFILE_FILE, load_profile
 
     result, tracker = run(make_cfg("final", **{"train.mode": "lora", "train.max_steps": 4}))
     folder = hf_folder_in(result.model_dir)

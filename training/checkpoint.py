@@ -203,9 +203,11 @@ class Saver:
             self.last_complete = folder
             from mlops.lineage import Tag
 
-            self.tracker.set_tags({Tag.CHECKPOINT_MANIFEST: str(folder / MANIFEST)})
             retention(self.dir, self.keep_last, self.keep_every, protect=folder)
-            self.tracker.log_dict(manifest, f"checkpoints/{folder.name}/{MANIFEST}")
+            artifact = f"checkpoints/{folder.name}/{MANIFEST}"
+            self.tracker.log_dict(manifest, artifact)
+            # A reference every machine of the team resolves through the tracking server, not a local path.
+            self.tracker.set_tags({Tag.CHECKPOINT_MANIFEST: f"runs:/{self.tracker.run_id}/{artifact}"})
         except BaseException as err:  # noqa: BLE001 - re-raised in the step loop by wait()
             self._error = err
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from mlops.cli import ConfigOpt, OverridesArg, load
+from mlops.cli_options import ConfigOpt, OverridesArg, load
 from mlops.errors import ConfigError
 
 app = typer.Typer(help="DeepSpeed training on a data snapshot: run, kill drill, checkpoints.", no_args_is_help=True)

@@ -107,6 +107,3 @@ class TrainConfig(StrictModel):
             )
         return micro, self.global_batch_size // per_step, self.global_batch_size
 
-
-# The `sweep:` section is owned by the sweep stage and lives with it; re-exported here for mlops.config.
-from training.sweep.config import SweepConfig  # noqa: E402, F401

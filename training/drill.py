@@ -66,7 +66,7 @@ def _command(config: Path | None, overrides: list[str], nproc: int, ckpt: Path, 
 
 
 def _ensure_snapshot(config: Path | None, overrides: list[str]) -> list[str]:
-    from mlops.cli import load
+    from mlops.cli_options import load
 
     cfg = load(config, overrides)
     if cfg.train is None or cfg.train.snapshot is None:
@@ -78,7 +78,7 @@ def _ensure_snapshot(config: Path | None, overrides: list[str]) -> list[str]:
 
 def run_drill(config: Path | None, overrides: list[str], *, nproc: int = 1, seed: int | None = None,
               steps: int = 12, work: Path | None = None, timeout: float = 900) -> DrillReport:
-    from mlops.cli import split_overrides
+    from mlops.cli_options import split_overrides
     from mlops.paths import mlops_dir
 
     rng = random.Random(seed)

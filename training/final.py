@@ -33,7 +33,7 @@ def build_final_model(base_path: str, t, seed: int, ckpt: Path, out: Path, *, ma
     """Write `out` as a complete HF folder (merged weights, tokenizer, chat template, deployment profile)."""
     from transformers import AutoTokenizer
 
-    from evaluation.profile import default_profile
+    from mlops.profile import default_profile
     from training.engine import build_model
 
     model = build_model(base_path, t, seed)
@@ -71,8 +71,9 @@ def finish(run):
     """Final model (rank 0), final metrics, FINISHED; every rank returns the same TrainResult."""
     import torch.distributed as dist
 
-    from evaluation.profile import PROFILE_FILE, load_profile
     from mlops.lineage import Tag
+    from mlops.model_refs import model_content_id
+    from mlops.profile import PROFILE_FILE, load_profile
     from training.prepare import FINAL
     from training.trainer import TrainResult
 
@@ -90,9 +91,11 @@ def finish(run):
         model_dir = build_final_model(prep.base["path"], t, prep.cfg.run.seed, ckpt,
                                       output_root(prep.cfg) / tracker.run_id / "hf", max_context=t.max_context)
         profile = load_profile(model_dir)
-        model_uri = tracker.log_hf_model(model_dir, metadata=prep.lineage.as_tags())
+        content_id = model_content_id(model_dir)  # once, here: every later stage reads it from the tags
+        model_uri = tracker.log_hf_model(model_dir, metadata={**prep.lineage.as_tags(), Tag.MODEL_ID: content_id})
         tracker.log_artifact(model_dir / PROFILE_FILE, "deployment_profile")
-        tracker.set_tags({Tag.PROFILE_HASH: profile.profile_hash()})
+        tracker.set_tags({Tag.PROFILE_HASH: profile.profile_hash(), Tag.PROFILE: profile.to_yaml(),
+                          Tag.MODEL_ID: content_id})
     dist.barrier()
     result = TrainResult(tracker.run_id, "FINISHED", run.step, metrics, model_dir, model_uri, ckpt)
     if run.rank0:

@@ -148,5 +148,35 @@ class NullTracker:
     def __init__(self, run_id: str = "none") -> None:
         self.run_id = run_id
 
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
+    # Spelled out, method by method: a misspelled call must fail here as it would on a real tracker.
+    def log_params(self, params) -> None:
+        pass
+
+    def log_metrics(self, metrics, step=None) -> None:
+        pass
+
+    log = log_metrics
+
+    def set_tags(self, tags) -> None:
+        pass
+
+    def log_artifact(self, path, artifact_path=None) -> None:
+        pass
+
+    def log_dict(self, obj, name) -> None:
+        pass
+
+    def log_text(self, text, name) -> None:
+        pass
+
+    def log_input(self, name, digest, source, context="training") -> None:
+        pass
+
+    def log_hf_model(self, hf_dir, name="model", metadata=None) -> None:
+        return None
+
+    def flush(self) -> None:
+        pass
+
+    def close(self, status="FINISHED", reason=None) -> None:
+        pass

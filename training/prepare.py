@@ -49,9 +49,17 @@ def apply_smoke(cfg) -> None:
 
 
 def default_ckpt_dir(config_hash: str) -> Path:
-    from mlops.paths import mlops_dir
+    from mlops.paths import checkpoints_dir
 
-    return mlops_dir() / "checkpoints" / config_hash[:16]
+    return checkpoints_dir() / config_hash[:16]
+
+
+def data_run_of(snapshot_id: str) -> str | None:
+    """The data run that built a snapshot (its manifest and GE results are that run's artifacts)."""
+    from mlops.lineage import Tag
+    from mlops.run_store import latest_run
+
+    return latest_run({Tag.SNAPSHOT_ID: snapshot_id, Tag.STAGE: "data"})
 
 
 def prepare(cfg, world_size: int = 1, *, smoke: bool = False, verify_inputs: bool = True) -> Prepared:
@@ -77,6 +85,7 @@ def prepare(cfg, world_size: int = 1, *, smoke: bool = False, verify_inputs: boo
     lineage = collect_lineage(
         digest, cfg.run.seed, base_model=base["name"], base_model_id=base["id"], snapshot_id=t.snapshot,
         extra={Tag.STAGE: "train", Tag.WORLD_SIZE: world_size, Tag.ZERO_STAGE: t.zero_stage,
+               **({Tag.DATA_RUN: data_run} if (data_run := data_run_of(t.snapshot)) else {}),
                Tag.TRAIN_MODE: t.mode, Tag.SMOKE: str(smoke).lower(), Tag.RELEASE: str(cfg.run.release).lower()},
     )
     ckpt_dir = Path(t.checkpoint.dir).expanduser().resolve() if t.checkpoint.dir else default_ckpt_dir(digest)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from mlops.cli import ConfigOpt, OverridesArg, split_overrides
+from mlops.cli_options import ConfigOpt, OverridesArg, split_overrides
 from mlops.errors import ConfigError
 
 app = typer.Typer(

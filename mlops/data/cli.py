@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from mlops.cli import ConfigOpt, OverridesArg, load
+from mlops.cli_options import ConfigOpt, OverridesArg, load
 
 app = typer.Typer(help="Data snapshots: build, show, verify, list; sample data.", no_args_is_help=True)
 RootOpt = typer.Option(None, "--root", help="snapshots folder (default .mlops/snapshots)")

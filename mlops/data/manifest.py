@@ -104,6 +104,8 @@ def log_build(tracker: Any, result: Any) -> None:
                         "data.tokenizer_hash": m.get("tokenizer", {}).get("hash")})
     tracker.log_metrics(flat_counters(m))
     tracker.log_artifact(result.path / "manifest.json", "snapshot")
+    for report in sorted(result.path.glob("quarantine/batches/*/validation.json")):  # GE results of refused batches
+        tracker.log_artifact(report, f"snapshot/gate/{report.parent.name}")
     tracker.log_input(m.get("name", "snapshot"), result.snapshot_id, str(result.path), context="data_build")
 
 

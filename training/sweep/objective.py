@@ -67,7 +67,9 @@ def release_world() -> None:
 def is_simulated_crash(err: BaseException) -> bool:
     """train.debug.crash_after_step raises a BaseException meant to look like a kill; in a sweep worker it is
     a crashed trial, recorded as such, and the study goes on."""
-    return type(err).__name__ == "SimulatedCrash"
+    from training.trainer import SimulatedCrash
+
+    return isinstance(err, SimulatedCrash)
 
 
 # --------------------------------------------------------------------------- eval objectives

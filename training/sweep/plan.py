@@ -129,7 +129,7 @@ def _assemble(study: str, sweep: SweepConfig, base: dict, seed: int, experiment:
     return plan
 
 
-def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
+def partition_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
     """`sweep.*` overrides configure the sweep; every other one changes the base config of all trials
     (`run.*` ones go to both, so the parent run and the trials agree)."""
     sweep = [o for o in overrides if o.strip().startswith(("sweep.", "run."))]
@@ -161,7 +161,7 @@ def build_plan(config: Path | str | None, overrides: list[str] = (), *, study: s
 
     sweep_file = Path(config) if config else None
     raw = read_yaml(sweep_file) if sweep_file else {}
-    sweep_over, base_over = split_overrides(list(overrides))
+    sweep_over, base_over = partition_overrides(list(overrides))
     extra = [f"sweep.study={study}"] * bool(study) + [f"sweep.n_trials={n_trials}"] * (n_trials is not None)
     extra += [f"sweep.storage={storage}"] * bool(storage)
     root = validate_config(apply_overrides(copy.deepcopy(raw), [*sweep_over, *extra]),

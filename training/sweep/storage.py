@@ -4,10 +4,10 @@ SIGKILL leaves a trial that the next worker (or `mlops sweep status`) marks FAIL
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
-import urllib.parse
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +17,8 @@ from mlops.errors import MLOpsError
 STORAGE_ENV = "MLOPS_SWEEP_STORAGE"
 FIX = (f"Fix: start the database or pass a reachable --storage (or set {STORAGE_ENV}); leave both unset for "
        "the embedded SQLite study under .mlops/.")
+
+log = logging.getLogger(__name__)
 
 
 class StorageError(MLOpsError):
@@ -48,12 +50,9 @@ def resolve_url(explicit: str | None = None, configured: str | None = None) -> s
 
 
 def display_url(url: str) -> str:
-    """The URL without its password, for messages and tags."""
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.password:
-        netloc = parsed.netloc.replace(f":{parsed.password}@", ":***@")
-        return urllib.parse.urlunsplit(parsed._replace(netloc=netloc))
-    return url
+    from mlops.tracking import display_uri
+
+    return display_uri(url)
 
 
 def check_reachable(url: str, timeout: float = 5.0) -> None:
@@ -116,10 +115,28 @@ def open_storage(url: str, *, heartbeat_interval: int | None = None, grace_perio
     raise AssertionError("unreachable")
 
 
-def _creation_race(err: Exception) -> bool:
-    text = str(err).lower()
-    return type(err).__name__ in ("IntegrityError", "UniqueViolation", "DuplicateTable", "DuplicateObject") or (
-        "already exists" in text or "duplicate key" in text)
+def _creation_race(err: BaseException) -> bool:
+    """Another worker created the same schema object first (classified by exception type, through the chain)."""
+    import sqlite3
+
+    import sqlalchemy.exc
+
+    race_types: tuple[type, ...] = (sqlalchemy.exc.IntegrityError,)
+    try:
+        import psycopg.errors
+
+        race_types += (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable, psycopg.errors.DuplicateObject)
+    except ImportError:
+        pass
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, race_types):
+            return True
+        # SQLite reports a lost CREATE race only as an OperationalError; its text is the one signal it gives.
+        if isinstance(seen, sqlite3.OperationalError) and "already exists" in str(seen):
+            return True
+        seen = getattr(seen, "orig", None) or seen.__cause__ or seen.__context__
+    return False
 
 
 def study_names(storage) -> list[str]:
@@ -151,11 +168,17 @@ class Heartbeat:
         return self
 
     def _beat(self) -> None:
+        missed = 0
         while not self._stop.wait(self.interval):
             try:
                 self.storage.record_heartbeat(self.trial_id)
-            except Exception:  # noqa: BLE001 - a missed beat is retried; a lasting outage fails the trial
-                pass
+                if missed:
+                    log.warning("trial %s: heartbeat recorded again after %d missed beat(s)", self.trial_id, missed)
+                missed = 0
+            except Exception as err:  # noqa: BLE001 - retried next interval; a lasting outage fails the trial
+                missed += 1
+                log.warning("trial %s: heartbeat %d missed (%s: %s); the trial is failed as stale if this lasts "
+                            "past the grace period", self.trial_id, missed, type(err).__name__, err)
 
     def __exit__(self, *exc) -> None:
         self._stop.set()

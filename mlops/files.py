@@ -1,0 +1,82 @@
+"""File helpers every stage shares: content hashes, atomic and durable writes, a free local port.
+
+Atomic means a reader sees the old file or the new one, never half of one (temp file + `os.replace`).
+Durable (`fsync=True`) also survives a power cut: the data is on disk before the rename, and the folder entry
+after it, which is what a checkpoint or a manifest that marks completion needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+CHUNK = 1 << 20
+
+
+def file_sha256(path: Path | str) -> str:
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        for chunk in iter(lambda: fh.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def folder_hash(folder: Path | str, *, exclude: Iterable[str] = ()) -> str:
+    """Content hash of a folder: every file's relative path and bytes in sorted order, minus `exclude`d names."""
+    folder = Path(folder)
+    skip = set(exclude)
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in skip):
+        digest.update(path.relative_to(folder).as_posix().encode())
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(CHUNK), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fsync_dir(folder: Path | str) -> None:
+    """Make a rename or a new file in `folder` durable."""
+    fd = os.open(str(folder), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path | str, data: bytes, *, fsync: bool = False) -> Path:
+    path = Path(path)
+    # pid + random suffix: two threads or processes writing the same file never share a temp file.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with tmp.open("wb") as fh:
+            fh.write(data)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    if fsync:
+        fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_text(path: Path | str, text: str, *, fsync: bool = False) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"), fsync=fsync)
+
+
+def atomic_write_json(path: Path | str, obj: Any, *, fsync: bool = False) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n", fsync=fsync)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` right now (the caller binds it soon after)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,335 @@
+"""Model refs: `describe` a model from registry and run tags alone, or `materialize` it into a local HF folder.
+
+A model ref is one of:
+- `models:/<name>@<alias>`   a registered model version by alias (e.g. `models:/support-bot@production`)
+- `models:/<name>/<version>` a registered model version by number
+- `runs:/<run_id>/<path>`    a model logged by a run (training logs `runs:/<run>/model`)
+- a local HF folder          (config.json inside), or a downloaded MLflow model folder
+
+`describe` never downloads weights, so listing a thousand versions costs a thousand tag reads, not a thousand
+downloads. A model's identity is its content id (`Tag.MODEL_ID`, a hash of weights, tokenizer and chat template,
+written once when training ends): evals, gates and ledger entries key on it, so `runs:/<run>/model` and
+`models:/bot/2` of the same weights are one model.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from mlops.errors import NotFoundError, TrackingError
+from mlops.lineage import Tag
+
+MODELS_RE = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))$")
+RUNS_RE = re.compile(r"^runs:/(?P<run>[0-9a-zA-Z]+)/(?P<path>.+)$")
+REF_FORMS = "models:/<name>@<alias>, models:/<name>/<version>, runs:/<run_id>/model or a local HF folder"
+CONTENT_ID_PREFIX = "mc-"
+
+
+class RegistryUnavailableError(TrackingError):
+    """The tracking store or registry could not be read (network, auth, database): not the same as 'not found'."""
+
+
+def model_content_id(hf_dir: Path | str) -> str:
+    """Content id of an HF folder: weights, config, tokenizer and chat template; not the deployment profile,
+    which is hashed on its own (a version is the pair)."""
+    from mlops.files import folder_hash
+    from mlops.profile import PROFILE_FILE
+
+    return CONTENT_ID_PREFIX + folder_hash(hf_dir, exclude={PROFILE_FILE})[:20]
+
+
+class _TagView:
+    """What a model's tags say about it; shared by descriptions and materialized models."""
+
+    ref: str
+    kind: str
+    name: str | None
+    version: str | None
+    run_id: str | None
+    run_tags: dict[str, str]
+    version_tags: dict[str, str]
+
+    @property
+    def tags(self) -> dict[str, str]:
+        """Run tags overlaid by the version's own tags (the version is the more specific record)."""
+        return {**self.run_tags, **self.version_tags}
+
+    @property
+    def content_id(self) -> str | None:
+        return self.tags.get(Tag.MODEL_ID) or None
+
+    @property
+    def snapshot_id(self) -> str | None:
+        return self.tags.get(Tag.SNAPSHOT_ID)
+
+    @property
+    def profile_hash(self) -> str | None:
+        return self.tags.get(Tag.PROFILE_HASH)
+
+    @property
+    def lineage(self) -> dict[str, str]:
+        return {k: v for k, v in self.tags.items() if k.startswith("mlops.")}
+
+    @property
+    def served_name(self) -> str:
+        """The model id the server answers to."""
+        if self.kind == "version":
+            return f"{self.name}/{self.version}"
+        if self.kind == "run":
+            return f"run-{self.run_id}"
+        return Path(self.ref).name
+
+
+@dataclass(frozen=True)
+class ModelDescription(_TagView):
+    """A model as the registry and its run describe it; nothing downloaded."""
+
+    ref: str
+    kind: str  # "version", "run" or "folder"
+    name: str | None = None
+    version: str | None = None
+    run_id: str | None = None
+    run_tags: dict[str, str] = field(default_factory=dict)
+    version_tags: dict[str, str] = field(default_factory=dict)
+    aliases: tuple[str, ...] = ()
+    source: str | None = None  # artifact URI of the model, or the folder
+
+    def stored_profile(self):
+        """The deployment profile stored with the version (its tag), or None."""
+        import yaml
+
+        from mlops.profile import DeploymentProfile
+
+        text = self.tags.get(Tag.PROFILE)
+        return DeploymentProfile.model_validate(yaml.safe_load(text)) if text else None
+
+
+@dataclass(frozen=True)
+class ResolvedModel(_TagView):
+    """A model ref made concrete: its HF folder on local disk plus what the registry says about it."""
+
+    ref: str
+    hf_dir: Path
+    kind: str
+    name: str | None = None
+    version: str | None = None
+    run_id: str | None = None
+    run_tags: dict[str, str] = field(default_factory=dict)
+    version_tags: dict[str, str] = field(default_factory=dict)
+    aliases: tuple[str, ...] = ()
+
+    @functools.cached_property
+    def key(self) -> str:
+        """The model's identity: its recorded content id, or the hash of its folder (computed once)."""
+        return self.content_id or model_content_id(self.hf_dir)
+
+    def profile(self):
+        from mlops.profile import load_profile
+
+        return load_profile(self.hf_dir)
+
+
+# --------------------------------------------------------------------------- store access
+
+
+def client():
+    from mlflow import MlflowClient
+
+    from mlops.tracking import tracking_uri
+
+    return MlflowClient(tracking_uri=tracking_uri())
+
+
+def is_missing(err: BaseException) -> bool:
+    """True only for MLflow's 'this does not exist' answers; outages, auth and database errors are not."""
+    from mlflow.exceptions import MlflowException
+
+    if not isinstance(err, MlflowException):
+        return False
+    code = getattr(err, "error_code", "")
+    return code == "RESOURCE_DOES_NOT_EXIST" or (code == "INVALID_PARAMETER_VALUE" and "not found" in str(err))
+
+
+def unavailable(err: BaseException, what: str) -> RegistryUnavailableError:
+    from mlops.tracking import URI_ENV, tracking_uri
+
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+    return RegistryUnavailableError(
+        f"could not read {what} from the tracking store {tracking_uri()} ({type(err).__name__}: {first}). "
+        f"This is an outage or access problem, not a missing model. Fix: check that the tracking server or "
+        f"database is up and reachable and that {URI_ENV} names it, then retry."
+    )
+
+
+def call(what: str, fn, *args, missing: str | None = None):
+    """Run a registry read; 'does not exist' becomes NotFoundError(`missing`), anything else names the outage."""
+    try:
+        return fn(*args)
+    except Exception as err:
+        if is_missing(err) and missing is not None:
+            raise NotFoundError(missing) from None
+        raise unavailable(err, what) from err
+
+
+def _known_versions(c, name: str) -> str:
+    try:
+        model = c.get_registered_model(name)
+        versions = c.search_model_versions(f"name='{name}'")
+    except Exception as err:
+        if is_missing(err):
+            return f"There is no registered model '{name}'. "
+        raise unavailable(err, f"registered model '{name}'") from err
+    aliases = ", ".join(f"@{a}" for a in sorted(model.aliases or {})) or "none"
+    numbers = ", ".join(sorted((str(v.version) for v in versions), key=int)) or "none"
+    return f"Model '{name}' has versions {numbers} and aliases {aliases}. "
+
+
+def _aliases_of(c, name: str, version: str) -> tuple[str, ...]:
+    model = call(f"registered model '{name}'", c.get_registered_model, name)
+    return tuple(sorted(a for a, v in (model.aliases or {}).items() if str(v) == str(version)))
+
+
+def _run_tags(c, run_id: str | None) -> dict[str, str]:
+    if not run_id:
+        return {}
+    run = call(f"run {run_id}", c.get_run, run_id, missing=f"run {run_id} does not exist")
+    return dict(run.data.tags)
+
+
+# --------------------------------------------------------------------------- describe and materialize
+
+
+def describe(ref: str) -> ModelDescription:
+    """What a ref names, from tags only; fails before any work when it names nothing."""
+    ref = str(ref).strip()
+    if match := MODELS_RE.match(ref):
+        c = client()
+        name = match["name"]
+        what = f"model version '{ref}'"
+        try:
+            mv = c.get_model_version_by_alias(name, match["alias"]) if match["alias"] else \
+                c.get_model_version(name, match["version"])
+        except Exception as err:
+            if not is_missing(err):
+                raise unavailable(err, what) from err
+            raise NotFoundError(
+                f"model ref '{ref}' does not exist ({str(err).splitlines()[0]}). {_known_versions(c, name)}"
+                f"Fix: pass an existing {REF_FORMS}."
+            ) from None
+        aliases = tuple(sorted(getattr(mv, "aliases", None) or ())) or _aliases_of(c, name, mv.version)
+        return ModelDescription(ref, "version", mv.name, str(mv.version), mv.run_id, _run_tags(c, mv.run_id),
+                                dict(mv.tags), aliases, mv.source)
+    if match := RUNS_RE.match(ref):
+        c = client()
+        missing = (f"model ref '{ref}' names run '{match['run']}', which does not exist. "
+                   f"Fix: pass an existing {REF_FORMS}.")
+        run = call(f"run {match['run']}", c.get_run, match["run"], missing=missing)
+        return ModelDescription(ref, "run", run_id=run.info.run_id, run_tags=dict(run.data.tags), source=ref)
+    folder = Path(ref).expanduser()
+    if folder.is_dir():
+        return ModelDescription(ref, "folder", source=str(folder.resolve()))
+    raise NotFoundError(f"model ref '{ref}' is neither a model URI nor an HF model folder. Fix: pass {REF_FORMS}.")
+
+
+def materialize(model: ModelDescription | str) -> ResolvedModel:
+    """The model's HF folder on local disk (downloaded from the artifact store when it is remote)."""
+    desc = describe(model) if isinstance(model, str) else model
+    if desc.kind == "folder":
+        try:
+            hf_dir = find_hf_folder(Path(desc.source or desc.ref))
+        except FileNotFoundError:
+            raise NotFoundError(f"model ref '{desc.ref}' holds no HF model folder (config.json). "
+                                f"Fix: pass {REF_FORMS}.") from None
+    else:
+        try:
+            hf_dir = find_hf_folder(download(desc.source or desc.ref))
+        except (FileNotFoundError, OSError) as err:
+            raise NotFoundError(
+                f"model ref '{desc.ref}': no model files at {desc.source} ({err}). Fix: pass the model's "
+                "artifact path (usually runs:/<run_id>/model), or re-log the model if its artifacts were deleted."
+            ) from None
+        except Exception as err:
+            if is_missing(err):
+                raise NotFoundError(f"model ref '{desc.ref}': its artifacts at {desc.source} do not exist. "
+                                    "Fix: re-log the model, or pass another version.") from None
+            raise unavailable(err, f"the artifacts of '{desc.ref}'") from err
+    return ResolvedModel(desc.ref, hf_dir, desc.kind, desc.name, desc.version, desc.run_id, dict(desc.run_tags),
+                         dict(desc.version_tags), desc.aliases)
+
+
+def resolve_model_ref(ref: str) -> ResolvedModel:
+    """describe + materialize: a ref that does not exist fails before any download."""
+    return materialize(describe(ref))
+
+
+def model_key(model: ModelDescription | ResolvedModel) -> str:
+    """The content id, materializing only a model that has none recorded (logged before content ids existed)."""
+    if isinstance(model, ResolvedModel):
+        return model.key
+    return model.content_id or materialize(model).key
+
+
+def with_tags(model, **version_tags: str):
+    """A copy of a description or resolved model with extra version tags (after tagging it in the store)."""
+    return replace(model, version_tags={**model.version_tags, **version_tags})
+
+
+def find_hf_folder(root: Path, depth: int = 3) -> Path:
+    """The HF folder inside a downloaded model tree (the pyfunc layout puts it under artifacts/)."""
+    root = Path(root)
+    if (root / "config.json").exists():
+        return root
+    for candidate in [*sorted((root / "artifacts").glob("*/")), root / "hf"]:
+        if (candidate / "config.json").exists():
+            return candidate
+    if depth > 0 and root.is_dir():
+        for child in sorted(p for p in root.iterdir() if p.is_dir()):
+            try:
+                return find_hf_folder(child, depth - 1)
+            except FileNotFoundError:
+                continue
+    raise FileNotFoundError(f"no HF model folder (config.json) inside {root}")
+
+
+def download(uri: str) -> Path:
+    """A local path for an artifact URI (local stores are returned in place; remote ones are copied)."""
+    import mlflow
+
+    from mlops.tracking import tracking_uri
+
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, tracking_uri=tracking_uri()))
+
+
+# --------------------------------------------------------------------------- version tags and history
+
+
+def set_version_tags(model, tags: dict) -> bool:
+    """Tag a model version (gate results, contamination, eval runs). False for refs that are not versions."""
+    if model.kind != "version":
+        return False
+    c = client()
+    for key, value in tags.items():
+        call(f"model version {model.name}/{model.version}", c.set_model_version_tag, model.name, model.version,
+             str(key), str(value)[:5000])
+    return True
+
+
+def previous_versions(model, tag: str, value: str, limit: int) -> list[str]:
+    """Refs of earlier versions of the same model whose `tag` equals `value`, newest first."""
+    if model.kind != "version" or limit <= 0:
+        return []
+    versions = call(f"versions of '{model.name}'", client().search_model_versions, f"name='{model.name}'")
+    older = [v for v in versions if int(v.version) < int(model.version) and v.tags.get(tag) == value]
+    older.sort(key=lambda v: int(v.version), reverse=True)
+    return [f"models:/{model.name}/{v.version}" for v in older[:limit]]
+
+
+def require_ref(ref: str | None, what: str) -> str:
+    from mlops.errors import MLOpsError
+
+    if not ref or not str(ref).strip():
+        raise MLOpsError(f"no {what} model given. Fix: pass {REF_FORMS}.")
+    return str(ref).strip()

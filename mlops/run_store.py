@@ -1,0 +1,59 @@
+"""Reading runs back: find runs by their tags, load their JSON artifacts. Stages hand off through these, never
+through printed output. Errors of the store are reported as outages, never as "nothing found"."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mlops.model_refs import call, client
+
+
+def _quote(value: str) -> str:
+    return str(value).replace("'", "\\'")
+
+
+def find_runs(tags: dict[str, str], *, status: str | None = "FINISHED", having: tuple[str, ...] = (),
+              max_results: int = 100) -> list:
+    """Runs in any experiment carrying all `tags` (and every tag in `having`, any value), newest first."""
+    c = client()
+    experiments = [e.experiment_id for e in call("experiments", c.search_experiments)]
+    if not experiments:
+        return []
+    clauses = [f"tags.`{k}` = '{_quote(v)}'" for k, v in tags.items()] + [f"tags.`{k}` LIKE '%'" for k in having]
+    if status:
+        clauses.append(f"attributes.status = '{status}'")
+    query = " and ".join(clauses)
+    return list(call("runs", lambda: c.search_runs(experiments, query, max_results=max_results,
+                                                    order_by=["attributes.start_time DESC"])))
+
+
+def latest_run(tags: dict[str, str], status: str = "FINISHED", having: tuple[str, ...] = ()) -> str | None:
+    """Id of the newest run, in any experiment, carrying all `tags` (and every tag in `having`, any value)."""
+    runs = find_runs(tags, status=status, having=having, max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def get_run(run_id: str):
+    return call(f"run {run_id}", client().get_run, run_id, missing=f"run {run_id} does not exist")
+
+
+def load_run_json(run_id: str, artifact_path: str) -> dict:
+    """A JSON artifact of a run (e.g. an eval run's `eval/summary.json`)."""
+    import mlflow
+
+    from mlops.errors import NotFoundError
+    from mlops.model_refs import is_missing, unavailable
+    from mlops.tracking import tracking_uri
+
+    missing = f"run {run_id} has no artifact '{artifact_path}'"
+    try:
+        local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path,
+                                                    tracking_uri=tracking_uri())
+    except (FileNotFoundError, NotADirectoryError):
+        raise NotFoundError(missing) from None
+    except Exception as err:
+        if is_missing(err):
+            raise NotFoundError(missing) from None
+        raise unavailable(err, f"artifact {artifact_path} of run {run_id}") from err
+    return json.loads(Path(local).read_text())

@@ -1,0 +1,251 @@
+"""`mlops registry ...`: identities, registration, approvals, promotion, rollback, the ledger.
+
+Acting commands read the identity from MLOPS_USER and MLOPS_PASSWORD. Every command exits non-zero on refusal
+(2 refused, 3 authentication or role), and `--json` prints machine-readable output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import typer
+
+app = typer.Typer(help="Governed releases: identities, register, request/approve, promote, rollback, ledger.",
+                  no_args_is_help=True)
+user_app = typer.Typer(help="Manage registry identities (argon2-hashed passwords).", no_args_is_help=True)
+app.add_typer(user_app, name="user")
+
+JsonOpt = typer.Option(False, "--json", help="machine-readable output")
+CommentOpt = typer.Option(..., "--comment", help="why (required; goes into the ledger)")
+NEW_PASSWORD_ENV = "MLOPS_NEW_PASSWORD"
+
+
+def _out(data, as_json: bool, text: str) -> None:
+    typer.echo(json.dumps(data, indent=2, default=str) if as_json else text)
+
+
+def _actor(action: str):
+    from mlops.identities import from_env
+
+    return from_env(action)
+
+
+def _entry_text(e) -> str:
+    move = f" @{e.alias}: {e.alias_before or '-'} -> {e.alias_after or '-'}" if e.alias else ""
+    stage = f" {e.from_stage or '-'} -> {e.to_stage}" if e.to_stage else ""
+    return f"#{e.seq} {e.ts} {e.actor} {e.action} {e.model} v{e.version or '-'}{stage}{move}" + \
+        (f" ({e.reason})" if e.reason else "")
+
+
+# --------------------------------------------------------------------------- identities
+
+
+def _new_password(bootstrap: bool) -> str:
+    password = os.environ.get(NEW_PASSWORD_ENV) or (os.environ.get("MLOPS_PASSWORD") if bootstrap else None)
+    if password:
+        return password
+    if not sys.stdin.isatty():
+        from mlops.errors import MLOpsError
+
+        raise MLOpsError(f"no password for the new identity. Fix: set {NEW_PASSWORD_ENV} (or run interactively to "
+                         "be prompted).")
+    return typer.prompt("password for the identity", hide_input=True, confirmation_prompt=True)
+
+
+@user_app.command("add")
+def user_add(name: str, role: str = typer.Option(..., "--role", help="viewer, trainer, approver or admin"),
+             as_json: bool = JsonOpt) -> None:
+    """Add an identity. The first admin needs no login; after that an admin (MLOPS_USER) adds users.
+
+    The new password comes from MLOPS_NEW_PASSWORD (or MLOPS_PASSWORD when creating the first admin), else a prompt.
+    """
+    from mlops.identities import add_user, list_users
+
+    bootstrap = not any(u.role == "admin" for u in list_users())
+    if not bootstrap:
+        _actor("manage_users")
+    elif role != "admin":
+        from mlops.errors import MLOpsError
+
+        raise MLOpsError("the identities file has no admin yet: the first identity must be an admin. "
+                         "Fix: `mlops registry user add <name> --role admin` first.")
+    identity = add_user(name, role, _new_password(bootstrap))
+    _out({"name": identity.name, "role": identity.role}, as_json, f"added {identity.name} ({identity.role})")
+
+
+@user_app.command("passwd")
+def user_passwd(name: str, role: str | None = typer.Option(None, "--role", help="also change the role"),
+                as_json: bool = JsonOpt) -> None:
+    """Set an identity's password (yourself, or anyone as an admin); new password from MLOPS_NEW_PASSWORD."""
+    from mlops.identities import AuthError, from_env, set_password
+
+    actor = from_env()
+    if (actor.name != name or role is not None) and not actor.can("manage_users"):
+        raise AuthError(f"'{actor.name}' may change only their own password. Fix: ask an admin.")
+    identity = set_password(name, _new_password(False), role=role)
+    _out({"name": identity.name, "role": identity.role}, as_json, f"password of {identity.name} changed")
+
+
+@user_app.command("list")
+def user_list(as_json: bool = JsonOpt) -> None:
+    """List identities and roles (never hashes)."""
+    from mlops.identities import identities_path, list_users
+
+    users = list_users()
+    _out([u.__dict__ for u in users], as_json,
+         "\n".join(f"{u.name:20} {u.role}" for u in users) or f"no identities in {identities_path()}")
+
+
+# --------------------------------------------------------------------------- acting commands
+
+
+@app.command("register")
+def register(run_id: str = typer.Option(..., "--run", help="a finished training run"),
+             name: str = typer.Option(..., "--name", help="registered model name"), as_json: bool = JsonOpt) -> None:
+    """Register a training run's model as a new version (stage candidate); refuses incomplete lineage."""
+    from registry.release import register as do
+
+    version = do(_actor("register"), run_id, name)
+    _out({"model": name, "version": version, "stage": "candidate"}, as_json,
+         f"registered run {run_id} as models:/{name}/{version} (stage candidate)")
+
+
+@app.command("request")
+def request(model: str, version: str, to: str = typer.Option(..., "--to", help="staging or production"),
+            comment: str = CommentOpt, as_json: bool = JsonOpt) -> None:
+    """Ask for a version to be approved for staging or production."""
+    from registry.release import request as do
+
+    entry = do(_actor("request"), model, version, to, comment)
+    _out(entry.as_dict(), as_json, _entry_text(entry))
+
+
+def _decide(model: str, version: str, comment: str, as_json: bool, approve: bool) -> None:
+    from registry.release import decide
+
+    entry = decide(_actor("approve"), model, version, comment, approve=approve)
+    _out(entry.as_dict(), as_json, _entry_text(entry))
+
+
+@app.command("approve")
+def approve(model: str, version: str, comment: str = CommentOpt, as_json: bool = JsonOpt) -> None:
+    """Approve the pending request of a version (four-eyes rule; production also needs passing gates)."""
+    _decide(model, version, comment, as_json, True)
+
+
+@app.command("reject")
+def reject(model: str, version: str, comment: str = CommentOpt, as_json: bool = JsonOpt) -> None:
+    """Reject the pending request of a version."""
+    _decide(model, version, comment, as_json, False)
+
+
+@app.command("promote")
+def promote(model: str, version: str, to: str = typer.Option(..., "--to", help="staging or production"),
+            expect_version: str | None = typer.Option(None, "--expect-version",
+                                                      help="the version you saw holding the alias ('none' for none)"),
+            as_json: bool = JsonOpt) -> None:
+    """Move a version into staging or production, compare-and-set on the alias."""
+    from registry.audit import model_state
+    from registry.release import promote as do
+
+    actor = _actor("promote")
+    if expect_version is None:  # the CLI passes what it read: a change since then is refused
+        expect_version = model_state(model).aliases.get(to) or "none"
+    entry = do(actor, model, version, to, expect_version=expect_version)
+    _out(entry.as_dict(), as_json, _entry_text(entry))
+
+
+@app.command("rollback")
+def rollback(model: str, to_version: str | None = typer.Option(None, "--to", help="version to restore"),
+             reason: str = typer.Option(..., "--reason", help="why (required; goes into the ledger)"),
+             as_json: bool = JsonOpt) -> None:
+    """Move production back to the previous production version (or --to), after checking its artifacts."""
+    from registry.audit import model_state
+    from registry.release import rollback as do
+
+    actor = _actor("rollback")
+    expected = model_state(model).aliases.get("production") or "none"
+    entry = do(actor, model, reason, to_version=to_version, expect_version=expected)
+    _out(entry.as_dict(), as_json, _entry_text(entry))
+
+
+@app.command("override")
+def override(model: str, version: str, gate: str = typer.Option(..., "--gate", help="lineage, data, eval, "
+             "contamination or all"), reason: str = typer.Option(..., "--reason"), as_json: bool = JsonOpt) -> None:
+    """Let a version pass a failing gate (admin); ledgered and shown forever after."""
+    from registry.release import override as do
+
+    entry = do(_actor("override"), model, version, gate, reason)
+    _out(entry.as_dict(), as_json, _entry_text(entry))
+
+
+@app.command("reconcile")
+def reconcile(model: str, as_json: bool = JsonOpt) -> None:
+    """Make MLflow's aliases and stage tags agree with the ledger again (admin); ledgered."""
+    from registry.release import reconcile as do
+
+    entry = do(_actor("reconcile"), model)
+    _out(entry.as_dict(), as_json, _entry_text(entry))
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@app.command("status")
+def status(model: str, as_json: bool = JsonOpt) -> None:
+    """Versions, stages, aliases, gate status and pending approvals."""
+    from registry.audit import status as read
+
+    data = read(model)
+    lines = [f"{model}: " + (", ".join(f"@{a}=v{v}" for a, v in sorted(data["aliases"].items())) or "no aliases")]
+    for v in data["versions"]:
+        extra = f" override: {v['overrides'][-1]['gate']} by {v['overrides'][-1]['by']}" if v["overrides"] else ""
+        lines.append(f"  v{v['version']:<4} {v['stage']:12} gate {v['gate']:8} trainer {v['trainer'] or '?':10} "
+                     f"registered by {v['registered_by']}{extra}")
+    for p in data["pending"]:
+        lines.append(f"  pending: v{p['version']} -> {p['to']} requested by {p['requester']}: {p['comment']}")
+    _out(data, as_json, "\n".join(lines))
+
+
+@app.command("history")
+def history(model: str, at: str | None = typer.Option(None, "--at", help="ISO time: what held each alias then"),
+            as_json: bool = JsonOpt) -> None:
+    """Alias moves, and (with --at) which version was in production at that time."""
+    from registry.audit import history as read
+
+    data = read(model, at)
+    lines = [f"  #{m['seq']} {m['ts']} {m['actor']} {m['action']} @{m['alias']}: {m['alias_before'] or '-'} -> "
+             f"{m['alias_after'] or '-'}" + (f" ({m['reason']})" if m["reason"] else "") for m in data["moves"]]
+    head = f"{model} at {data['at']}: " if data["at"] else f"{model} now: "
+    head += ", ".join(f"@{a}=v{v}" for a, v in sorted(data["aliases"].items())) or "no aliases"
+    _out(data, as_json, "\n".join([head, *lines]))
+
+
+@app.command("who-approved")
+def who_approved(model: str, version: str, as_json: bool = JsonOpt) -> None:
+    """Who approved a version, when, and why."""
+    from registry.audit import who_approved as read
+
+    rows = read(model, version)
+    _out(rows, as_json, "\n".join(f"{r['approver']} approved v{version} for {r['to_stage']} at {r['ts']}: "
+                                  f"{r['comment']}" for r in rows) or f"nobody approved v{version} of {model}")
+
+
+@app.command("verify")
+def verify(model: str | None = typer.Argument(None), as_json: bool = JsonOpt) -> None:
+    """Check the ledger's hash chain and that MLflow's aliases and tags agree with it; exit 1 on any problem."""
+    from registry.audit import verify as check
+
+    result = check(model)
+    lines = [f"ledger: {result.entries} entries, chain {'intact' if not result.chain else 'BROKEN'}"]
+    lines += [f"  {p}" for p in result.chain]
+    for name, problems in result.drift.items():
+        lines.append(f"{name}: {'registry agrees with the ledger' if not problems else 'DRIFT'}")
+        lines += [f"  {p}" for p in problems]
+    if any(result.drift.values()):
+        lines.append("Fix: `mlops registry reconcile <model>` (admin) makes the registry say what the ledger says.")
+    _out(result.as_dict(), as_json, "\n".join(lines))
+    if not result.ok:
+        raise typer.Exit(1)

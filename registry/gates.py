@@ -1,0 +1,155 @@
+"""Release gates, each decided from stored evidence, never from a tag a hand can edit.
+
+- lineage:       the registration entry in the ledger recorded every required lineage tag.
+- data:          the snapshot manifest logged by the data run: no failing batch was admitted.
+- eval:          the newest stored gate report for this content passed, against the champion current *now*
+                 (a report against an earlier champion is stale and must be re-run).
+- contamination: the contamination report of the eval the gate stood on is clean.
+A failing gate names itself and its evidence. An admin override (ledgered, shown forever) lets it pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mlops.errors import MLOpsError, NotFoundError
+from mlops.lineage import Tag
+
+GATES = ("lineage", "data", "eval", "contamination")
+REQUIRED_LINEAGE = (Tag.CONFIG_HASH, Tag.SNAPSHOT_ID, Tag.DATA_RUN, Tag.IMAGE_TAG, Tag.GIT_COMMIT, Tag.CODE_VERSION,
+                    Tag.BASE_MODEL_ID, Tag.SEED, Tag.CHECKPOINT_MANIFEST, Tag.MODEL_ID, Tag.PROFILE_HASH)
+
+
+@dataclass
+class GateResult:
+    gate: str
+    passed: bool
+    detail: str
+    evidence: dict = field(default_factory=dict)
+    overridden_by: dict | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.passed or self.overridden_by is not None
+
+    def as_dict(self) -> dict:
+        return {"gate": self.gate, "passed": self.passed, "ok": self.ok, "detail": self.detail,
+                "evidence": self.evidence, "overridden_by": self.overridden_by}
+
+
+def missing_lineage(tags: dict[str, str]) -> list[str]:
+    return [str(t) for t in REQUIRED_LINEAGE if not str(tags.get(t, "")).strip()]
+
+
+def lineage_gate(version_state) -> GateResult:
+    missing = missing_lineage(version_state.evidence.get("lineage", {}))
+    if missing:
+        return GateResult("lineage", False, f"lineage incomplete at registration: missing {', '.join(missing)}")
+    return GateResult("lineage", True, "every required lineage tag was recorded at registration",
+                      {"run_id": version_state.evidence.get("run_id")})
+
+
+def data_gate(version_state) -> GateResult:
+    from mlops.run_store import load_run_json
+
+    data_run = version_state.evidence.get("lineage", {}).get(Tag.DATA_RUN)
+    snapshot = version_state.evidence.get("lineage", {}).get(Tag.SNAPSHOT_ID)
+    if not data_run:
+        return GateResult("data", False, f"no data run is recorded for snapshot {snapshot}: its GE results cannot "
+                                         "be read")
+    try:
+        manifest = load_run_json(data_run, "snapshot/manifest.json")
+    except NotFoundError as err:
+        return GateResult("data", False, f"the data run's manifest cannot be read: {err}", {"data_run": data_run})
+    batches = manifest.get("batches", [])
+    admitted_failures = [b["batch"] for b in batches if b.get("status") == "passed" and b.get("failed")]
+    unknown = [b["batch"] for b in batches if b.get("status") not in ("passed", "quarantined")]
+    evidence = {"data_run": data_run, "snapshot_id": manifest.get("snapshot_id"),
+                "batches": len(batches), "quarantined": sum(b.get("status") == "quarantined" for b in batches)}
+    if manifest.get("snapshot_id") != snapshot:
+        return GateResult("data", False, f"the data run built {manifest.get('snapshot_id')}, not {snapshot}", evidence)
+    if admitted_failures or unknown:
+        return GateResult("data", False, f"batches admitted without passing the GE gate: "
+                                         f"{admitted_failures + unknown}", evidence)
+    if not any(b.get("status") == "passed" for b in batches):
+        return GateResult("data", False, "no batch passed the GE gate", evidence)
+    return GateResult("data", True, f"{evidence['batches']} batches gated by GE, {evidence['quarantined']} "
+                                    "quarantined, none failing admitted", evidence)
+
+
+def newest_gate_report(content_id: str) -> tuple[str, dict] | None:
+    from mlops.run_store import find_runs, load_run_json
+
+    for run in find_runs({Tag.STAGE: "gate", Tag.MODEL_KEY: content_id}, status=None, max_results=20):
+        try:
+            return run.info.run_id, load_run_json(run.info.run_id, "gate/gate_report.json")
+        except NotFoundError:
+            continue  # a gate run that died before writing its report
+    return None
+
+
+def eval_gate(version_state, champion_state) -> GateResult:
+    found = newest_gate_report(version_state.content_id or "")
+    if found is None:
+        return GateResult("eval", False, "no stored gate report for this model. Run `mlops gate --challenger "
+                                         "models:/<model>/<version> --champion models:/<model>@production`")
+    run_id, report = found
+    recorded = ((report.get("settings") or {}).get("evidence") or {}).get("champion") or {}
+    champion_now = champion_state.content_id if champion_state else None
+    evidence = {"gate_run": run_id, "result": report.get("result"), "champion_in_report": recorded.get("content_id"),
+                "champion_now": champion_now}
+    if recorded.get("content_id") != champion_now:
+        now = f"v{champion_state.version}" if champion_state else "no champion"
+        return GateResult("eval", False, f"the newest gate report (run {run_id}) compared against "
+                                         f"{recorded.get('ref') or 'no champion'}, but the champion now is {now}: "
+                                         "it is stale. Re-run the gate against the current champion", evidence)
+    if report.get("result") != "passed":
+        reasons = "; ".join(report.get("reasons") or [])[:600]
+        return GateResult("eval", False, f"the gate report (run {run_id}) failed: {reasons}", evidence)
+    return GateResult("eval", True, f"gate run {run_id} passed against {recorded.get('ref') or 'the floors'}",
+                      evidence)
+
+
+def contamination_gate(version_state, eval_result: GateResult) -> GateResult:
+    from mlops.run_store import get_run, load_run_json
+
+    gate_run = eval_result.evidence.get("gate_run")
+    if not gate_run:
+        return GateResult("contamination", False, "no gate run, so no eval whose contamination report to read")
+    eval_run = get_run(gate_run).data.tags.get(Tag.EVAL_RUN)
+    try:
+        report = load_run_json(eval_run, "eval/contamination.json") if eval_run else None
+    except NotFoundError:
+        report = None
+    if report is None:
+        return GateResult("contamination", False, f"eval run {eval_run} stored no contamination report",
+                          {"eval_run": eval_run})
+    offending = [i.get("id") for i in report.get("offending", [])]
+    evidence = {"eval_run": eval_run, "status": report.get("status"), "offending": offending[:50]}
+    if report.get("status") != "checked":
+        return GateResult("contamination", False, f"contamination was not checked ({report.get('status')})", evidence)
+    if offending:
+        return GateResult("contamination", False, f"{len(offending)} eval items overlap the training snapshot: "
+                                                  f"{', '.join(map(str, offending[:10]))}", evidence)
+    return GateResult("contamination", True, "no eval item overlaps the training snapshot", evidence)
+
+
+def evaluate_gates(state, version: str) -> list[GateResult]:
+    """Every gate for `version` against the state's current champion, with overrides applied."""
+    vs = state.versions.get(str(version))
+    if vs is None:
+        raise MLOpsError(f"version {version} of '{state.model}' was not registered through the registry. "
+                         f"Fix: register it with `mlops registry register --run <run_id> --name {state.model}`.")
+    champion = state.versions.get(state.aliases.get("production", ""))
+    results = [lineage_gate(vs), data_gate(vs)]
+    eval_result = eval_gate(vs, champion if champion and champion.version != vs.version else None)
+    results += [eval_result, contamination_gate(vs, eval_result)]
+    for result in results:
+        overrides = [o for o in vs.overrides if o.get("gate") in (result.gate, "all")]
+        if overrides and not result.passed:
+            result.overridden_by = overrides[-1]
+    return results
+
+
+def failing(results: list[GateResult]) -> list[GateResult]:
+    return [r for r in results if not r.ok]

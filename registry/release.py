@@ -1,0 +1,276 @@
+"""Governed release actions: register, request, approve, reject, promote, rollback, override, reconcile.
+
+Every rule lives here; the CLI and the approval app only call these functions and show what they say. Each
+action names its actor (an authenticated `Identity`), is checked against the role table, the lifecycle table,
+the four-eyes rule and the gates, and is written as ledger entries by `registry.transition.run`, which also moves
+aliases compare-and-set. A refusal raises and leaves registry and ledger exactly as they were.
+"""
+
+from __future__ import annotations
+
+from mlops.identities import Identity, require
+from mlops.lineage import Tag
+from registry.state import ALIAS_OF_STAGE, DISPLACED_TO, TRANSITIONS, ModelState
+from registry.transition import ConcurrentChangeError, Plan, RefusedError, run
+
+STAGE_TAG = "registry.stage"
+STAGE_REASON_TAG = "registry.stage_reason"
+NONE = "none"
+
+
+def _version_state(state: ModelState, version: str):
+    vs = state.versions.get(str(version))
+    if vs is None:
+        known = ", ".join(sorted(state.versions, key=int)) or "none"
+        raise RefusedError(f"'{state.model}' has no version {version} in the ledger (versions: {known}). Fix: pass a "
+                           f"registered version, or register it with `mlops registry register`.")
+    return vs
+
+
+def check_transition(state: ModelState, version: str, to_stage: str) -> None:
+    current = _version_state(state, version).stage
+    allowed = TRANSITIONS.get(current, frozenset())
+    if to_stage not in allowed:
+        raise RefusedError(f"version {version} of '{state.model}' is {current}; it may move to "
+                           f"{', '.join(sorted(allowed)) or 'nothing'}, not {to_stage}. Nothing was changed.")
+
+
+def four_eyes(state: ModelState, version: str, approver: Identity, request=None) -> None:
+    vs = _version_state(state, version)
+    roles = {"trained": vs.trainer, "registered": vs.registered_by,
+             "requested": request.requester if request else None}
+    conflicts = [what for what, who in roles.items() if who and who == approver.name]
+    if conflicts:
+        raise RefusedError(f"four-eyes rule: '{approver.name}' {' and '.join(conflicts)} version {version} of "
+                           f"'{state.model}' and so may not approve it. Nothing was changed. Fix: ask another "
+                           "approver.")
+
+
+# --------------------------------------------------------------------------- registration
+
+
+def register(actor: Identity, run_id: str, name: str, *, url: str | None = None) -> str:
+    """Register a training run's model as a new version in stage `candidate`; refuses incomplete lineage."""
+    from mlops.model_refs import call, client
+    from registry.gates import missing_lineage
+    from registry.versions import register_model_version
+
+    require(actor, "register")
+    run_obj = call(f"run {run_id}", client().get_run, run_id, missing=f"run {run_id} does not exist. Fix: pass the "
+                   "id of a finished training run (`mlops train run` prints it; the MLflow UI lists them).")
+    tags = dict(run_obj.data.tags)
+    missing = missing_lineage(tags)
+    if run_obj.info.status != "FINISHED" or tags.get(Tag.STAGE) != "train":
+        raise RefusedError(f"run {run_id} is a {tags.get(Tag.STAGE, 'non-training')} run in state "
+                           f"{run_obj.info.status}; only a FINISHED training run can be registered.")
+    if missing:
+        raise RefusedError(f"run {run_id} has incomplete lineage, missing tags: {', '.join(missing)}. A version must "
+                           "be traceable to its config, data, code, image and checkpoint. Fix: retrain with the "
+                           "current `mlops train run` (which records them all), after building the snapshot with "
+                           "a tracked `mlops data build`.")
+    version = register_model_version(run_id, name)
+    evidence = {"run_id": run_id, "content_id": tags[Tag.MODEL_ID], "profile_hash": tags[Tag.PROFILE_HASH],
+                "snapshot_id": tags[Tag.SNAPSHOT_ID], "trainer": tags.get(Tag.ACTOR),
+                "lineage": {k: v for k, v in tags.items() if k.startswith("mlops.") and k != Tag.PROFILE}}
+
+    def plan_for(state: ModelState) -> Plan:
+        if version in state.versions:
+            raise RefusedError(f"version {version} of '{name}' is already in the ledger.")
+        return Plan(entries=[dict(actor=actor.name, action="register", model=name, version=version,
+                                  to_stage="candidate", evidence=evidence, reason=f"from training run {run_id}")],
+                    version_tags={version: {STAGE_TAG: "candidate", Tag.ACTOR: actor.name}})
+
+    run(name, plan_for, url=url)
+    return version
+
+
+# --------------------------------------------------------------------------- approvals
+
+
+def request(actor: Identity, model: str, version: str, to_stage: str, comment: str, *, url: str | None = None):
+    require(actor, "request")
+    _need_comment(comment, "request")
+
+    def plan_for(state: ModelState) -> Plan:
+        check_transition(state, version, to_stage)
+        if state.open_request(version, to_stage):
+            raise RefusedError(f"version {version} of '{model}' already has an open request to {to_stage}.")
+        return Plan(entries=[dict(actor=actor.name, action="request", model=model, version=str(version),
+                                  from_stage=state.stage_of(version), to_stage=to_stage, reason=comment)])
+
+    return run(model, plan_for, url=url)[0]
+
+
+def decide(actor: Identity, model: str, version: str, comment: str, *, approve: bool, url: str | None = None):
+    """Approve or reject the open request for a version. Approval needs the four-eyes rule and passing gates."""
+    from registry.gates import evaluate_gates
+
+    require(actor, "approve")
+    _need_comment(comment, "approve" if approve else "reject")
+
+    def plan_for(state: ModelState) -> Plan:
+        pending = [r for r in state.pending() if r.version == str(version)]
+        if not pending:
+            raise RefusedError(f"version {version} of '{model}' has no pending request. Fix: request it first with "
+                               f"`mlops registry request {model} {version} --to production --comment ...`.")
+        req = pending[-1]
+        evidence = {"request_seq": req.seq}
+        if approve:
+            four_eyes(state, version, actor, req)
+            if req.to_stage == "production":
+                results = evaluate_gates(state, version)
+                _refuse_failing(results, model, version)
+                evidence["gates"] = [r.as_dict() for r in results]
+        return Plan(entries=[dict(actor=actor.name, action="approve" if approve else "reject", model=model,
+                                  version=str(version), to_stage=req.to_stage, reason=comment, evidence=evidence)])
+
+    return run(model, plan_for, url=url)[0]
+
+
+def override(actor: Identity, model: str, version: str, gate: str, reason: str, *, url: str | None = None):
+    from registry.gates import GATES
+
+    require(actor, "override")
+    _need_comment(reason, "override")
+    if gate not in (*GATES, "all"):
+        raise RefusedError(f"gate '{gate}' does not exist. Fix: pass one of {', '.join(GATES)} or all.")
+
+    def plan_for(state: ModelState) -> Plan:
+        _version_state(state, version)
+        return Plan(entries=[dict(actor=actor.name, action="override", model=model, version=str(version),
+                                  reason=reason, evidence={"gate": gate})],
+                    version_tags={str(version): {"registry.override": f"{gate} by {actor.name}: {reason}"[:4000]}})
+
+    return run(model, plan_for, url=url)[0]
+
+
+# --------------------------------------------------------------------------- promotion and rollback
+
+
+def promote(actor: Identity, model: str, version: str, to_stage: str, *, expect_version: str | None = None,
+            url: str | None = None):
+    """Move `version` into staging or production (alias and stage), compare-and-set against `expect_version`."""
+    from registry.gates import evaluate_gates
+
+    require(actor, "promote")
+    alias = ALIAS_OF_STAGE.get(to_stage)
+    if alias is None:
+        raise RefusedError(f"promote moves a version to staging or production, not {to_stage}.")
+    version = str(version)
+
+    def plan_for(state: ModelState) -> Plan:
+        current = state.aliases.get(alias)
+        _check_expected(model, alias, current, expect_version)
+        if current == version:
+            raise RefusedError(f"version {version} of '{model}' already holds @{alias}.")
+        check_transition(state, version, to_stage)
+        evidence: dict = {"displaced": current, "displaced_to": DISPLACED_TO[to_stage] if current else None}
+        if to_stage == "production":
+            req = state.approved_request(version, "production")
+            if req is None:
+                raise RefusedError(f"version {version} of '{model}' has no approved request to production. Fix: "
+                                   f"`mlops registry request {model} {version} --to production --comment ...`, then "
+                                   "an approver other than its trainer, registrar and requester approves it.")
+            results = evaluate_gates(state, version)
+            _refuse_failing(results, model, version)
+            evidence.update(request_seq=req.seq, approved_by=req.decided_by, gates=[r.as_dict() for r in results])
+        tags = {version: {STAGE_TAG: to_stage, STAGE_REASON_TAG: ""}}
+        if current:
+            tags[current] = {STAGE_TAG: DISPLACED_TO[to_stage]}
+        return Plan(entries=[dict(actor=actor.name, action="promote", model=model, version=version,
+                                  from_stage=state.stage_of(version), to_stage=to_stage, alias=alias,
+                                  alias_before=current, alias_after=version, evidence=evidence)],
+                    aliases={alias: (current, version)}, version_tags=tags)
+
+    return run(model, plan_for, url=url)[0]
+
+
+def rollback(actor: Identity, model: str, reason: str, *, to_version: str | None = None,
+             expect_version: str | None = None, url: str | None = None):
+    """Move production back to the previous production version (or `to_version`) after checking its artifacts."""
+    from registry.integrity import check_artifacts
+    from registry.state import rollback_target
+
+    require(actor, "rollback")
+    _need_comment(reason, "rollback")
+
+    def plan_for(state: ModelState) -> Plan:
+        current = state.aliases.get("production")
+        _check_expected(model, "production", current, expect_version)
+        if current is None:
+            raise RefusedError(f"'{model}' has no production version to roll back.")
+        target = str(to_version) if to_version else rollback_target(state)
+        if target is None:
+            raise RefusedError(f"'{model}' has no earlier production version to roll back to (production history: "
+                               f"{', '.join(state.production_stack) or 'none'}). Nothing was changed.")
+        if target == current:
+            raise RefusedError(f"version {target} is already in production.")
+        target_state = _version_state(state, target)
+        if target_state.stage not in ("archived", "staging", "candidate"):
+            raise RefusedError(f"version {target} is {target_state.stage}; a rollback brings back an earlier "
+                               "champion (archived) or a staged version.")
+        checked = check_artifacts(model, target_state)
+        return Plan(entries=[dict(actor=actor.name, action="rollback", model=model, version=target,
+                                  from_stage=target_state.stage, to_stage="production", alias="production",
+                                  alias_before=current, alias_after=target, reason=reason,
+                                  evidence={"displaced": current, "displaced_to": "rolled_back",
+                                            "artifacts": checked})],
+                    aliases={"production": (current, target)},
+                    version_tags={target: {STAGE_TAG: "production", STAGE_REASON_TAG: ""},
+                                  current: {STAGE_TAG: "rolled_back", STAGE_REASON_TAG: reason[:4000]}})
+
+    return run(model, plan_for, url=url)[0]
+
+
+def reconcile(actor: Identity, model: str, *, url: str | None = None):
+    """Make MLflow's aliases and stage tags say what the ledger says (after a crash or a hand edit); ledgered."""
+    from registry.audit import drift
+
+    require(actor, "reconcile")
+
+    def plan_for(state: ModelState) -> Plan:
+        problems = drift(state)
+        if not problems:
+            raise RefusedError(f"'{model}': registry and ledger agree; nothing to reconcile.")
+        actual = _actual_aliases(model)
+        moves = {a: (actual.get(a), state.aliases.get(a)) for a in set(actual) | set(state.aliases)
+                 if a in ALIAS_OF_STAGE.values() and actual.get(a) != state.aliases.get(a)}
+        tags = {v: {STAGE_TAG: vs.stage} for v, vs in state.versions.items()}
+        return Plan(entries=[dict(actor=actor.name, action="reconcile", model=model, reason="; ".join(problems),
+                                  evidence={"fixed": problems, "aliases": {a: list(m) for a, m in moves.items()}})],
+                    aliases=moves, version_tags=tags)
+
+    return run(model, plan_for, url=url, repairing=True)[0]  # the one act that may start from drift
+
+
+def _actual_aliases(model: str) -> dict[str, str]:
+    from registry.transition import registry_aliases
+
+    return registry_aliases(model)
+
+
+def _check_expected(model: str, alias: str, current: str | None, expected: str | None) -> None:
+    if expected is None:
+        return
+    expected = None if str(expected).lower() in (NONE, "") else str(expected)
+    if expected != current:
+        raise ConcurrentChangeError(
+            f"{alias} of '{model}' moved from {expected or 'nothing'} to {current or 'nothing'} since you loaded it. "
+            "Nothing was changed. Fix: look at `mlops registry status` and decide again."
+        )
+
+
+def _refuse_failing(results, model: str, version: str) -> None:
+    from registry.gates import failing
+
+    bad = failing(results)
+    if bad:
+        lines = "; ".join(f"{r.gate} gate failed: {r.detail}" for r in bad)
+        raise RefusedError(f"version {version} of '{model}' fails its release gates: {lines}. Nothing was changed. "
+                           f"Fix: address each, or an admin may `mlops registry override {model} {version} --gate "
+                           "<gate> --reason ...` (ledgered and shown forever).")
+
+
+def _need_comment(text: str | None, what: str) -> None:
+    if not text or not text.strip():
+        raise RefusedError(f"a {what} needs a comment saying why. Fix: pass --comment \"...\" (or --reason).")

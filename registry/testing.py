@@ -1,0 +1,97 @@
+"""Test support for the registry and the approval app: identities, fully-lineaged training runs, stored evidence.
+
+Everything is written through the real stores (MLflow, the ledger); only the training itself is skipped: a run
+logs an HF folder as its model with every lineage tag a real training run records.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from mlops.lineage import Tag
+
+PASSWORDS = {"admin": "admin-pass-1", "tina": "tina-pass-1", "alice": "alice-pass-1", "bob": "bob-pass-1",
+             "vic": "vic-pass-1"}
+ROLES = {"admin": "admin", "tina": "trainer", "alice": "approver", "bob": "approver", "vic": "viewer"}
+
+
+def make_identities(path: Path | None = None) -> dict:
+    """admin, tina (trainer), alice and bob (approvers), vic (viewer); returns name -> Identity."""
+    from mlops.identities import Identity, add_user
+
+    for name, role in ROLES.items():
+        add_user(name, role, PASSWORDS[name], path)
+    return {name: Identity(name, role) for name, role in ROLES.items()}
+
+
+def data_run(experiment: str = "registry-test", snapshot_id: str = "snap-test", *, admitted_failure: bool = False):
+    """A finished data run whose artifacts hold a snapshot manifest with GE batch results."""
+    from mlops.tracking import MlflowTracker
+
+    batches = [{"batch": 0, "status": "passed", "records": 10}, {"batch": 1, "status": "quarantined",
+                                                                   "records": 3, "failed": [{"expectation": "x"}]}]
+    if admitted_failure:
+        batches[0]["failed"] = [{"expectation": "expect_column_values_to_not_be_null"}]
+    tracker = MlflowTracker.start(experiment, attach_env_run=False,
+                                  tags={Tag.STAGE: "data", Tag.SNAPSHOT_ID: snapshot_id})
+    tracker.log_dict({"snapshot_id": snapshot_id, "batches": batches}, "snapshot/manifest.json")
+    tracker.close()
+    return tracker.run_id
+
+
+def training_run(hf_dir: Path, *, tmp: Path, variant: int, trainer: str | None = "tina",
+                 experiment: str = "registry-test", data_run_id: str | None = None, drop: tuple = ()) -> str:
+    """A finished training run that logged a variant of `hf_dir` (distinct weights per variant) with full lineage."""
+    from mlops.model_refs import model_content_id
+    from mlops.profile import load_profile
+    from mlops.tracking import MlflowTracker
+
+    folder = tmp / f"model-v{variant}"
+    shutil.copytree(hf_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "mlops_test_variant": variant}))
+    tracker = MlflowTracker.start(experiment, attach_env_run=False)
+    tracker.log_hf_model(folder)
+    tracker.log_artifact(folder / "deployment_profile.yaml", "deployment_profile") \
+        if (folder / "deployment_profile.yaml").exists() else None
+    manifest = {"step": 10, "files": {"mp_rank_00_model_states.pt": "0" * 64}, "complete": True}
+    tracker.log_dict(manifest, "checkpoints/step-00000010/manifest.json")
+    profile = load_profile(folder)
+    tags = {Tag.STAGE: "train", Tag.CONFIG_HASH: f"cfg{variant}", Tag.SNAPSHOT_ID: "snap-test",
+            Tag.DATA_RUN: data_run_id or data_run(experiment), Tag.IMAGE_TAG: "img:1", Tag.IMAGE_TAG_MUTABLE: "false",
+            Tag.GIT_COMMIT: "c0ffee", Tag.GIT_DIRTY: "false", Tag.CODE_VERSION: "0.1.0+pipeline1",
+            Tag.BASE_MODEL: "tiny", Tag.BASE_MODEL_ID: "bm-test", Tag.SEED: "1",
+            Tag.CHECKPOINT_MANIFEST: f"runs:/{tracker.run_id}/checkpoints/step-00000010/manifest.json",
+            Tag.MODEL_ID: model_content_id(folder), Tag.PROFILE_HASH: profile.profile_hash(),
+            Tag.PROFILE: profile.to_yaml()}
+    if trainer:
+        tags[Tag.ACTOR] = trainer
+    tracker.set_tags({k: v for k, v in tags.items() if k not in drop})
+    tracker.close()
+    return tracker.run_id
+
+
+def gate_evidence(model: str, version: str, *, passed: bool = True, champion: tuple[str, str] | None = None,
+                  offending: tuple[str, ...] = (), experiment: str = "registry-test") -> str:
+    """A stored gate report for a version (against `champion` = (version, content id)), and its eval's
+    contamination report, as `mlops eval` + `mlops gate` leave them. Returns the gate run id."""
+    from mlops.model_refs import describe
+    from mlops.tracking import MlflowTracker
+
+    desc = describe(f"models:/{model}/{version}")
+    ev = MlflowTracker.start(experiment, attach_env_run=False, tags={Tag.STAGE: "eval",
+                                                                       Tag.MODEL_KEY: desc.content_id})
+    ev.log_dict({"status": "checked", "offending": [{"id": i} for i in offending]}, "eval/contamination.json")
+    ev.close()
+    who = {"ref": f"models:/{model}/{champion[0]}", "content_id": champion[1]} if champion else None
+    report = {"result": "passed" if passed else "failed", "reasons": [] if passed else ["general_knowledge is "
+              "inferior"], "settings": {"evidence": {"challenger": {"content_id": desc.content_id,
+                                                                    "eval_run_id": ev.run_id}, "champion": who}}}
+    gate = MlflowTracker.start(experiment, attach_env_run=False, tags={
+        Tag.STAGE: "gate", Tag.MODEL_KEY: desc.content_id, Tag.EVAL_RUN: ev.run_id,
+        Tag.GATE_EVAL: report["result"]})
+    gate.log_dict(report, "gate/gate_report.json")
+    gate.close()
+    return gate.run_id
