@@ -92,6 +92,29 @@ def tracking_reap(
     typer.echo(f"{len(reaped)} run(s) {verb}")
 
 
+@tracking_app.command("latest-run")
+def tracking_latest_run(
+    tag: list[str] = typer.Option(..., "--tag", help="KEY=VALUE the run must carry (repeatable)"),
+    having: list[str] | None = typer.Option(None, "--having", help="a tag the run must carry, any value"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """The newest FINISHED run carrying the tags: how scripts hand off between stages (by tags, not output)."""
+    from mlops.errors import MLOpsError, NotFoundError
+    from mlops.run_store import latest_run
+
+    tags = {}
+    for item in tag:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise MLOpsError(f"--tag '{item}' is not KEY=VALUE. Fix: e.g. --tag mlops.stage=train.")
+        tags[key] = value
+    run_id = latest_run(tags, having=tuple(having or ()))
+    if run_id is None:
+        raise NotFoundError(f"no finished run carries {tags} (and {having or 'nothing else'}). Fix: run that stage "
+                            "first.")
+    typer.echo(json.dumps({"run_id": run_id}) if as_json else run_id)
+
+
 @app.command()
 def info() -> None:
     """Where state lives: project home, tracking URI, image tag, git commit."""

@@ -40,8 +40,9 @@ def drift(state: ModelState) -> list[str]:
     """Every alias, stage tag or gate tag in MLflow that differs from the ledger's word."""
     from mlops.model_refs import call, client
     from registry.gates import newest_gate_report
-    from registry.transition import registry_aliases
+    from registry.transition import flush_display, registry_aliases
 
+    flush_display()
     problems = []
     actual = registry_aliases(state.model)
     for alias in sorted(set(actual) | set(state.aliases)):

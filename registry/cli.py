@@ -105,9 +105,16 @@ def user_list(as_json: bool = JsonOpt) -> None:
 def register(run_id: str = typer.Option(..., "--run", help="a finished training run"),
              name: str = typer.Option(..., "--name", help="registered model name"), as_json: bool = JsonOpt) -> None:
     """Register a training run's model as a new version (stage candidate); refuses incomplete lineage."""
+    from mlops.lineage import Tag
+    from mlops.tracking import tracked_run
     from registry.release import register as do
 
-    version = do(_actor("register"), run_id, name)
+    actor = _actor("register")
+    # The registration is a stage run too (under `mlflow run -e register` it is MLflow's own run).
+    with tracked_run("mlops", run_name=f"register {name}", tags={Tag.STAGE: "register", Tag.ACTOR: actor.name,
+                                                                  Tag.SOURCE_RUN: run_id}) as stage_run:
+        version = do(actor, run_id, name)
+        stage_run.set_tags({Tag.MODEL_REF: f"models:/{name}/{version}"})
     _out({"model": name, "version": version, "stage": "candidate"}, as_json,
          f"registered run {run_id} as models:/{name}/{version} (stage candidate)")
 

@@ -68,6 +68,11 @@ def register(actor: Identity, run_id: str, name: str, *, url: str | None = None)
                            "be traceable to its config, data, code, image and checkpoint. Fix: retrain with the "
                            "current `mlops train run` (which records them all), after building the snapshot with "
                            "a tracked `mlops data build`.")
+    from registry.audit import model_state
+
+    already = [v for v, vs in model_state(name, url=url).versions.items() if vs.evidence.get("run_id") == run_id]
+    if already:  # a rerun is a no-op: one training run is one version
+        return already[0]
     version = register_model_version(run_id, name)
     evidence = {"run_id": run_id, "content_id": tags[Tag.MODEL_ID], "profile_hash": tags[Tag.PROFILE_HASH],
                 "snapshot_id": tags[Tag.SNAPSHOT_ID], "trainer": tags.get(Tag.ACTOR),
@@ -174,13 +179,20 @@ def promote(actor: Identity, model: str, version: str, to_stage: str, *, expect_
             results = evaluate_gates(state, version)
             _refuse_failing(results, model, version)
             evidence.update(request_seq=req.seq, approved_by=req.decided_by, gates=[r.as_dict() for r in results])
-        tags = {version: {STAGE_TAG: to_stage, STAGE_REASON_TAG: ""}}
+        tags = {version: {STAGE_TAG: to_stage}}
+        if state.versions[version].stage_reason:
+            tags[version][STAGE_REASON_TAG] = ""  # the reason of an earlier rollback no longer applies
         if current:
             tags[current] = {STAGE_TAG: DISPLACED_TO[to_stage]}
+        moves = {alias: (current, version)}
+        # A version leaving staging for production gives up @staging in the same act.
+        released = sorted(a for a, v in state.aliases.items() if v == version and a != alias)
+        moves.update({a: (version, None) for a in released})
+        evidence["released_aliases"] = released
         return Plan(entries=[dict(actor=actor.name, action="promote", model=model, version=version,
                                   from_stage=state.stage_of(version), to_stage=to_stage, alias=alias,
                                   alias_before=current, alias_after=version, evidence=evidence)],
-                    aliases={alias: (current, version)}, version_tags=tags)
+                    aliases=moves, version_tags=tags)
 
     return run(model, plan_for, url=url)[0]
 
@@ -214,9 +226,12 @@ def rollback(actor: Identity, model: str, reason: str, *, to_version: str | None
                                   from_stage=target_state.stage, to_stage="production", alias="production",
                                   alias_before=current, alias_after=target, reason=reason,
                                   evidence={"displaced": current, "displaced_to": "rolled_back",
-                                            "artifacts": checked})],
-                    aliases={"production": (current, target)},
-                    version_tags={target: {STAGE_TAG: "production", STAGE_REASON_TAG: ""},
+                                            "artifacts": checked,
+                                            "released_aliases": sorted(a for a, v in state.aliases.items()
+                                                                       if v == target and a != "production")})],
+                    aliases={"production": (current, target),
+                             **{a: (target, None) for a, v in state.aliases.items() if v == target and a != "production"}},
+                    version_tags={target: {STAGE_TAG: "production"},
                                   current: {STAGE_TAG: "rolled_back", STAGE_REASON_TAG: reason[:4000]}})
 
     return run(model, plan_for, url=url)[0]

@@ -124,6 +124,8 @@ def _move(state: ModelState, e: Entry) -> None:
         state.aliases.pop(e.alias, None)
     elif e.alias:
         state.aliases[e.alias] = e.alias_after
+    for released in e.evidence.get("released_aliases") or ():
+        state.aliases.pop(released, None)
     displaced = e.evidence.get("displaced")
     if displaced and displaced in state.versions:
         state.versions[displaced].stage = e.evidence.get("displaced_to") or DISPLACED_TO.get(e.to_stage, "archived")

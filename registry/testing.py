@@ -49,6 +49,7 @@ def training_run(hf_dir: Path, *, tmp: Path, variant: int, trainer: str | None =
     from mlops.tracking import MlflowTracker
 
     folder = tmp / f"model-v{variant}"
+    tmp.mkdir(parents=True, exist_ok=True)
     shutil.copytree(hf_dir, folder)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "mlops_test_variant": variant}))
@@ -95,3 +96,35 @@ def gate_evidence(model: str, version: str, *, passed: bool = True, champion: tu
     gate.log_dict(report, "gate/gate_report.json")
     gate.close()
     return gate.run_id
+
+
+PROMOTE_SCRIPT = """
+import json, sys
+from mlops.identities import Identity
+from registry.release import promote
+from registry.transition import RefusedError
+model, version, to, expected = sys.argv[1:5]
+try:
+    promote(Identity("bob", "approver"), model, version, to, expect_version=expected)
+    print(json.dumps({"version": version, "won": True}))
+except RefusedError as err:
+    print(json.dumps({"version": version, "won": False, "why": str(err)[:200]}))
+"""
+
+
+def race(model: str, versions: list[str], to: str, expected: str = "none", env: dict | None = None) -> list[dict]:
+    """Processes started together, each promoting its own version; returns each one's outcome."""
+    import os
+    import subprocess
+    import sys
+
+    full = {**os.environ, **(env or {})}
+    procs = [subprocess.Popen([sys.executable, "-c", PROMOTE_SCRIPT, model, v, to, expected], env=full,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for v in versions]
+    out = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=300)
+        if proc.returncode != 0 or not stdout.strip():
+            raise AssertionError(f"a promoting process failed (exit {proc.returncode}): {stderr[-2000:]}")
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,6 +114,7 @@ def run(model: str, plan_for: Callable, *, url: str | None = None, repairing: bo
     from registry import ledger
     from registry.state import replay
 
+    flush_display()  # the previous act's display copies land first, in order
     db = ledger.ledger_url(url)
     eng = ledger.engine(db)
     if eng.dialect.name == "sqlite":
@@ -143,7 +145,7 @@ def run(model: str, plan_for: Callable, *, url: str | None = None, repairing: bo
             if moved:
                 _undo(model, plan)
             raise
-    _write_display_tags(model, plan)
+    _write_display_tags_later(model, plan)
     return written
 
 
@@ -175,6 +177,24 @@ def _undo(model: str, plan: Plan) -> None:
     except Exception as err:  # noqa: BLE001 - the store is gone too: verify/reconcile repair it later
         log.error("could not restore aliases of %s after a failed transition (%s); run `mlops registry verify %s`",
                   model, err, model)
+
+
+_DISPLAY: list[threading.Thread] = []
+
+
+def _write_display_tags_later(model: str, plan: Plan) -> None:
+    """Display copies are written off the act's critical path, on a non-daemon thread (so a CLI process waits
+    for them at exit); the next act, `verify` and `flush_display()` wait for them first."""
+    if not plan.version_tags:
+        return
+    thread = threading.Thread(target=_write_display_tags, args=(model, plan), name=f"display-tags-{model}")
+    _DISPLAY.append(thread)
+    thread.start()
+
+
+def flush_display() -> None:
+    while _DISPLAY:
+        _DISPLAY.pop(0).join()
 
 
 def _write_display_tags(model: str, plan: Plan) -> None:

@@ -65,6 +65,9 @@ def set_alias(name: str, alias: str, version: str) -> None:
 
 
 def version_tags(name: str, version: str) -> dict[str, str]:
+    from registry.transition import flush_display
+
+    flush_display()  # this process's pending display copies first
     mv = call(f"model version {name}/{version}", client().get_model_version, name, str(version),
               missing=f"model version {name}/{version} does not exist")
     return dict(mv.tags)

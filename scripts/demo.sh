@@ -9,6 +9,8 @@ mkdir -p .mlops
 step() { printf '\n=== %s\n' "$*"; }
 
 mlops tracking init --experiment demo
+# Stage runs record who ran them (`mlops.actor`): the demo's trainer identity (configs/registry/identities.yaml).
+export MLOPS_USER=ada MLOPS_PASSWORD=ada-demo-pass
 
 step "1. base models (converted once; later runs are no-ops)"
 mlops base-model import smollm2
@@ -33,7 +35,7 @@ mlflow run mlproject -e train --env-manager local --experiment-name demo \
 mlflow run mlproject -e train --env-manager local --experiment-name demo \
   -P config=configs/train/sft-smollm2-lora.yaml -P overrides="train.snapshot=latest"
 
-step "5. evaluation in deployment form: register the trained model as @candidate, eval through the served endpoint, gate"
+step "5. release: register the trained model (ada), eval through the served endpoint, gate, approve (grace), promote"
 bash scripts/demo_eval.sh
 
 step "6. sweep: an Optuna study on the tiny model, every trial a nested lineage-tagged training run (median pruning)"

@@ -13,16 +13,24 @@ from registry.transition import ConcurrentChangeError, RefusedError
 
 @pytest.fixture
 def reg(mlops_home, tiny_model, tmp_path):
-    """Identities, and three registered candidate versions of 'bot' trained by tina."""
+    """Identities, and two registered candidate versions of 'bot' trained by tina (`third(reg)` adds one)."""
     from mlops.tracking import init_experiment
     from registry.release import register
     from registry.testing import make_identities, training_run
 
     init_experiment("registry-test")
     who = make_identities()
-    runs = [training_run(Path(tiny_model["path"]), tmp=tmp_path, variant=i) for i in (1, 2, 3)]
+    runs = [training_run(Path(tiny_model["path"]), tmp=tmp_path, variant=i) for i in (1, 2)]
     versions = [register(who["tina"], run_id, "bot") for run_id in runs]
     return {"who": who, "runs": runs, "versions": versions, "tmp": tmp_path, "tiny": tiny_model}
+
+
+def third(reg) -> str:
+    from registry.release import register
+    from registry.testing import training_run
+
+    run_id = training_run(Path(reg["tiny"]["path"]), tmp=reg["tmp"], variant=3)
+    return register(reg["who"]["tina"], run_id, "bot")
 
 
 def release(reg, version: str, *, champion: tuple[str, str] | None = None) -> None:
@@ -59,7 +67,7 @@ def test_register_lands_in_candidate_with_ledger_entry_and_stage_tag(reg):
     from registry.versions import version_tags
 
     state = model_state("bot")
-    assert [state.stage_of(v) for v in reg["versions"]] == ["candidate"] * 3
+    assert [state.stage_of(v) for v in reg["versions"]] == ["candidate"] * 2
     vs = state.versions["1"]
     assert vs.registered_by == "tina" and vs.trainer == "tina" and vs.content_id.startswith("mc-")
     assert version_tags("bot", "1")["registry.stage"] == "candidate"
@@ -225,7 +233,7 @@ def test_rollback_steps_back_through_history_and_marks_rolled_back(reg):
 
     release(reg, "1")
     release(reg, "2", champion=("1", content("1")))
-    release(reg, "3", champion=("2", content("2")))
+    release(reg, third(reg), champion=("2", content("2")))
     rollback(reg["who"]["bob"], "bot", "v3 answers in the wrong language")
     state = model_state("bot")
     assert aliases() == {"production": "2"} and state.stage_of("3") == "rolled_back"
@@ -301,9 +309,9 @@ def test_an_alias_moved_behind_the_registrys_back_is_reported_refused_and_reconc
     from registry.release import promote, reconcile
 
     release(reg, "1")
-    client().set_registered_model_alias("bot", "production", "3")  # the MLflow UI's pencil icon
+    client().set_registered_model_alias("bot", "production", "2")  # the MLflow UI's pencil icon
     result = verify("bot")
-    assert "@production points to 3 in MLflow but the ledger says 1" in result.drift["bot"][0]
+    assert "@production points to 2 in MLflow but the ledger says 1" in result.drift["bot"][0]
     with pytest.raises(RefusedError, match="moved outside the registry"):
         promote(reg["who"]["bob"], "bot", "2", "staging")
     with pytest.raises(AuthError):
