@@ -128,3 +128,13 @@ def race(model: str, versions: list[str], to: str, expected: str = "none", env: 
             raise AssertionError(f"a promoting process failed (exit {proc.returncode}): {stderr[-2000:]}")
         out.append(json.loads(stdout.strip().splitlines()[-1]))
     return out
+
+
+def release_version(who: dict, model: str, version: str, *, champion: tuple[str, str] | None = None) -> None:
+    """Gate evidence, request by tina, approval by alice, promotion to production by bob."""
+    from registry.release import decide, promote, request
+
+    gate_evidence(model, version, champion=champion)
+    request(who["tina"], model, version, "production", "ready")
+    decide(who["alice"], model, version, "looks good", approve=True)
+    promote(who["bob"], model, version, "production")

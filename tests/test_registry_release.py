@@ -34,14 +34,9 @@ def third(reg) -> str:
 
 
 def release(reg, version: str, *, champion: tuple[str, str] | None = None) -> None:
-    """Gate evidence, request by tina, approval by alice, promotion to production by bob."""
-    from registry.release import decide, promote, request
-    from registry.testing import gate_evidence
+    from registry.testing import release_version
 
-    gate_evidence("bot", version, champion=champion)
-    request(reg["who"]["tina"], "bot", version, "production", "ready")
-    decide(reg["who"]["alice"], "bot", version, "looks good", approve=True)
-    promote(reg["who"]["bob"], "bot", version, "production")
+    release_version(reg["who"], "bot", version, champion=champion)
 
 
 def aliases() -> dict:
