@@ -142,7 +142,9 @@ class MlflowTracker:
         env_run = os.environ.get(RUN_ID_ENV) if attach_env_run else None
         run_id = resume_run_id or (env_run if not parent_run_id else None)
         if run_id:
-            client.update_run(run_id, status="RUNNING")
+            # `mlflow run` names its run at random ("resilient-kit-860"); the stage names it by what it does.
+            rename = run_name if (run_name and run_id == env_run and not resume_run_id) else None
+            client.update_run(run_id, status="RUNNING", name=rename)
         else:
             experiment_id = ensure_experiment(client, experiment, uri)
             run_tags = {"mlflow.runName": run_name} if run_name else {}

@@ -138,3 +138,15 @@ def test_tracking_init_puts_experiment_artifacts_under_project_home(mlops_home):
     location = client().get_experiment(experiment_id).artifact_location
     assert uri == default_tracking_uri() and location == (mlops_home / ".mlops" / "artifacts").as_uri()
     assert init_experiment("demo") == (uri, experiment_id)
+
+
+def test_a_run_started_by_mlflow_run_is_named_by_its_stage(mlops_home, monkeypatch):
+    from mlops.model_refs import client
+    from mlops.tracking import init_experiment, tracked_run
+
+    _, exp = init_experiment("naming")
+    created = client().create_run(exp, run_name="resilient-kit-860").info.run_id
+    monkeypatch.setenv("MLFLOW_RUN_ID", created)
+    with tracked_run("naming", run_name="eval support-bot/2") as run:
+        assert run.run_id == created
+    assert client().get_run(created).info.run_name == "eval support-bot/2"
