@@ -48,10 +48,12 @@ class RunConfig(StrictModel):
 def _section_types() -> dict[str, type[StrictModel]]:
     # Imported here so each stage owns its section module without import cycles.
     from evaluation.config import EvalConfig
+    from evaluation.serving_config import ServeConfig
     from mlops.data.config import DataConfig
     from training.config import SweepConfig, TrainConfig
 
-    return {"data": DataConfig, "train": TrainConfig, "eval": EvalConfig, "sweep": SweepConfig}
+    return {"data": DataConfig, "train": TrainConfig, "eval": EvalConfig, "sweep": SweepConfig,
+            "serve": ServeConfig}
 
 
 def _build_root() -> type[StrictModel]:
