@@ -17,7 +17,7 @@ def profile(tiny_model):
 
 
 def _stream(client, url: str, results: list, first_chunk: threading.Event, index: int) -> None:
-    body = {"messages": [{"role": "user", "content": f"Tell me a long story number {index}"}], "max_tokens": 48,
+    body = {"messages": [{"role": "user", "content": f"Tell me a long story number {index}"}], "max_tokens": 200,
             "temperature": 0, "stream": True}
     with client.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as response:
         events = []
