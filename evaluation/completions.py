@@ -30,7 +30,8 @@ class View:
     def check_ids(self, ids: list[int], param: str) -> list[int]:
         bad = [i for i in ids if not 0 <= i < self.vocab]
         if bad:
-            raise ApiError(400, f"token ids {bad[:5]} are outside the vocabulary (0..{self.vocab - 1}).", param=param)
+            raise ApiError(400, f"'{param}' holds token ids {bad[:5]} outside the vocabulary (0..{self.vocab - 1}).",
+                           param=param)
         return ids
 
     def max_tokens(self, requested: int | None, prompt_len: int, param: str = "max_tokens") -> int:
