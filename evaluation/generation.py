@@ -55,6 +55,10 @@ class Generated:
     finish_reason: str  # "stop", "length" or "cancelled"
 
 
+class EngineClosed(RuntimeError):
+    """A job was submitted to an engine that was closed (its worker will never run it)."""
+
+
 @dataclass(eq=False)
 class _Job:
     kind: str  # "score" or "generate"
@@ -110,7 +114,8 @@ class Engine:
         self._scoring: deque[_Job] = deque()
         self._waiting: deque = deque()  # decoding.Row not in the running batch
         self._batch = None  # decoding.Batch running now
-        self._closing = False
+        self._closing = False  # the worker saw the close request
+        self._closed = False  # close() was called: no new jobs
         self._turn = "score"
         self._worker = threading.Thread(target=self._run, name="engine-worker", daemon=True)
         self._worker.start()
@@ -120,22 +125,29 @@ class Engine:
     def score(self, prompts: list[list[int]], top_k: int = 1, owner: object = None) -> Future:
         """Future of list[Scored], one per prompt, in order; cancelling it drops the work not yet done."""
         job = _Job("score", Future(), prompts=prompts, top_k=max(1, top_k), owner=owner)
-        self._inbox.put(job)
+        self._submit(job)
         return job.future
 
     def generate(self, ids: list[int], params: GenParams, on_text: Callable | None = None,
                  owner: object = None) -> _Job:
         """Queue a generation; the job's future yields `Generated`; `on_text` gets `decoding.Delta`s."""
         job = _Job("generate", Future(), ids=ids, params=params, on_text=on_text, owner=owner)
-        self._inbox.put(job)
+        self._submit(job)
         return job
 
+    def _submit(self, job: _Job) -> None:
+        if self._closed or not self._worker.is_alive():  # nobody would ever answer it
+            job.future.set_exception(EngineClosed(f"the engine for {self.model_dir} is closed"))
+            return
+        self._inbox.put(job)
+
     def close(self, timeout: float = 10.0) -> None:
+        self._closed = True
         self._inbox.put(None)
         self._worker.join(timeout=timeout)
 
     def alive(self) -> bool:
-        return self._worker.is_alive() and not self._closing
+        return self._worker.is_alive() and not self._closed
 
     def queue_depth(self) -> int:
         """Requests waiting for the worker (approximate: read without the worker's lock)."""
