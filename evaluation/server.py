@@ -207,6 +207,7 @@ def serve(model_dir: Path | str, profile: DeploymentProfile, *, host: str = "127
     from evaluation.generation import Engine, default_threads
     from evaluation.serving_signals import run_until_signal
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     config = config or ServeConfig()
     engine = Engine(model_dir, threads=threads or default_threads(), **engine_options(config))
     app = create_app(model_dir, profile, model_name=model_name, engine=engine, version=version, config=config,
