@@ -18,7 +18,6 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -79,15 +78,6 @@ class _Job:
         return self.cancelled.is_set() or self.future.cancelled()
 
 
-def _settle(future: Future, result=None, error: BaseException | None = None) -> None:
-    if future.done():  # cancelled by the client meanwhile
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
-
 class Engine:
     """A causal LM loaded once, served by a single worker thread."""
 
@@ -95,6 +85,8 @@ class Engine:
                  slice_steps: int = 16, threads: int | None = None) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from evaluation.scheduling import GenerationQueue, ScoringQueue
 
         if threads:
             torch.set_num_threads(threads)
@@ -111,9 +103,8 @@ class Engine:
         self.observer: Callable[[str, int, int], None] | None = None  # (kind, rows, tokens) per batch
         self.last_progress = time.monotonic()
         self._inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._scoring: deque[_Job] = deque()
-        self._waiting: deque = deque()  # decoding.Row not in the running batch
-        self._batch = None  # decoding.Batch running now
+        self._scoring = ScoringQueue(self)
+        self._generating = GenerationQueue(self)
         self._closing = False  # the worker saw the close request
         self._closed = False  # close() was called: no new jobs
         self._turn = "score"
@@ -151,11 +142,11 @@ class Engine:
 
     def queue_depth(self) -> int:
         """Requests waiting for the worker (approximate: read without the worker's lock)."""
-        return self._inbox.qsize() + len(self._scoring) + len(self._waiting)
+        return self._inbox.qsize() + len(self._scoring.jobs) + len(self._generating.waiting)
 
     def stalled(self, seconds: float) -> bool:
         """True when work waits and the worker has made no progress for `seconds`."""
-        busy = self.queue_depth() > 0 or self._batch is not None
+        busy = self.queue_depth() > 0 or self._generating.batch is not None
         return busy and time.monotonic() - self.last_progress > seconds
 
     def token_piece(self, token_id: int) -> str:
@@ -190,20 +181,24 @@ class Engine:
             if not self._intake(block=not self._has_work()):
                 return
             self.last_progress = time.monotonic()
-            generating = self._batch is not None or bool(self._waiting)
-            if self._scoring and (self._turn == "score" or not generating):
-                self._turn = "generate"
-                self._score_round()
-            elif generating:
-                self._turn = "score"
-                self._generate_slice()
+            generating = self._generating.pending()
+            try:
+                if self._scoring.jobs and (self._turn == "score" or not generating):
+                    self._turn = "generate"
+                    self._scoring.run_round()
+                elif generating:
+                    self._turn = "score"
+                    self._generating.run_slice()
+            except Exception:  # noqa: BLE001 - a scheduler bug must not kill the only thread that runs the model
+                log.exception("engine worker: unexpected error; the worker goes on")
 
     def _has_work(self) -> bool:
-        return bool(self._scoring or self._waiting or self._batch is not None)
+        return bool(self._scoring.jobs) or self._generating.pending()
 
     def _intake(self, block: bool) -> bool:
         """Move new jobs into the worker's queues; False once closed and idle."""
         from evaluation.decoding import Row
+        from evaluation.scheduling import settle
 
         while True:
             try:
@@ -214,212 +209,17 @@ class Engine:
             if job is None:
                 self._closing = True
             elif job.kind == "score":
-                self._scoring.append(job)
+                self._scoring.jobs.append(job)
             else:
-                self._waiting.append(Row.start(job, self.tokenizer))
+                try:
+                    self._generating.waiting.append(Row.start(job, self.tokenizer))
+                except Exception as err:  # noqa: BLE001 - e.g. a seed torch cannot take: this job's own failure
+                    settle(job.future, error=err)
         return not (self._closing and not self._has_work())
 
-    def _others_waiting(self) -> bool:
-        return bool(self._waiting or self._scoring or not self._inbox.empty())
-
-    # ------------------------------------------------------------------ scoring
-
-    def _score_round(self) -> None:
-        for job in [j for j in self._scoring if j.dropped()]:
-            self._scoring.remove(job)
-            job.future.cancel()
-        if not self._scoring:
-            return
-        picked = self._pick_prompts()
-        groups: dict[_Job, list[int]] = {}
-        for job, index in picked:
-            groups.setdefault(job, []).append(index)
-        prompts = [job.prompts[i] for job, i in picked]
-        try:
-            results = self._score_prompts(prompts, max(job.top_k for job in groups))
-        except Exception as err:  # noqa: BLE001 - find the request that fails alone
-            results = None
-            if len(groups) == 1:
-                self._fail_scoring(next(iter(groups)), err)
-            else:
-                log.warning("a scoring batch of %d requests failed (%s: %s); retrying each alone",
-                            len(groups), type(err).__name__, err)
-                for job, indices in groups.items():
-                    try:
-                        alone = self._score_prompts([job.prompts[i] for i in indices], job.top_k)
-                    except Exception as own:  # noqa: BLE001 - this request's own failure
-                        self._fail_scoring(job, own)
-                        continue
-                    self._store(job, indices, alone)
-        if results is not None:
-            start = 0
-            for job, indices in groups.items():
-                self._store(job, indices, results[start : start + len(indices)])
-                start += len(indices)
-        self.batches.append(len(prompts))
-        if self.observer:
-            self.observer("score", len(prompts), sum(len(p) for p in prompts))
-
-    def _pick_prompts(self) -> list[tuple[_Job, int]]:
-        """Prompts for one round: every waiting request in turn, each up to its share of the budget."""
-        share = max(1, self.max_batch_tokens // len(self._scoring))
-        picked: list[tuple[_Job, int]] = []
-        used = 0
-        served: list[_Job] = []
-        for job in list(self._scoring):
-            taken = 0
-            while job.next_prompt < len(job.prompts):
-                size = len(job.prompts[job.next_prompt])
-                if picked and (used + size > self.max_batch_tokens or (taken and taken + size > share)):
-                    break
-                picked.append((job, job.next_prompt))
-                job.next_prompt += 1
-                used += size
-                taken += size
-            if taken:
-                served.append(job)
-            if used >= self.max_batch_tokens:
-                break
-        for job in served:  # served requests go to the back: the next round starts with the others
-            self._scoring.remove(job)
-            if job.next_prompt < len(job.prompts):
-                self._scoring.append(job)
-        return picked
-
-    def _store(self, job: _Job, indices: list[int], scored: list[Scored]) -> None:
-        for i, result in zip(indices, scored, strict=True):
-            job.results[i] = _trim(result, job.top_k)
-        if len(job.results) == len(job.prompts):
-            job.first_token_at = time.perf_counter()
-            _settle(job.future, [job.results[i] for i in range(len(job.prompts))])
-
-    def _fail_scoring(self, job: _Job, err: BaseException) -> None:
-        job.next_prompt = len(job.prompts)
-        if job in self._scoring:
-            self._scoring.remove(job)
-        _settle(job.future, error=err)
-
-    def _score_prompts(self, prompts: list[list[int]], top_k: int) -> list[Scored]:
-        from evaluation.scoring import forward_score
-
-        # Longest first keeps padding small; chunks respect the token budget (logits are [rows, len, vocab]).
-        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
-        scored: dict[int, Scored] = {}
-        chunk: list[int] = []
-        for i in order:
-            longest = len(prompts[chunk[0]]) if chunk else len(prompts[i])
-            if chunk and longest * (len(chunk) + 1) > self.max_batch_tokens:
-                scored.update(zip(chunk, forward_score(self, [prompts[j] for j in chunk], top_k), strict=True))
-                chunk = []
-            chunk.append(i)
-        if chunk:
-            scored.update(zip(chunk, forward_score(self, [prompts[j] for j in chunk], top_k), strict=True))
-        return [scored[i] for i in range(len(prompts))]
-
-    # ------------------------------------------------------------------ generation
-
-    def _generate_slice(self) -> None:
-        from evaluation.decoding import Batch
-
-        running = [r for r in self._batch.rows if not r.finish] if self._batch is not None else []
-        if self._waiting or self._batch is None:
-            chosen = self._plan(running)
-            if self._batch is None or chosen != running:
-                try:
-                    self._batch = Batch(self.model, chosen, self.pad_id)
-                except Exception as err:  # noqa: BLE001 - retried below, row by row
-                    self._batch = None
-                    self._retry_alone(chosen, err)
-                    return
-                self.gen_batches.append(len(chosen))
-                if self.observer:
-                    self.observer("generate", len(chosen), self._batch.tokens)
-        batch, steps = self._batch, 0
-        try:
-            while not batch.done():
-                for row in batch.step(self.eos_ids):
-                    self._finish(row)
-                self.last_progress = time.monotonic()
-                steps += 1
-                if steps >= self.slice_steps and self._others_waiting():
-                    break
-        except Exception as err:  # noqa: BLE001 - a forward pass failed: find the row that fails alone
-            self._batch = None
-            self._retry_alone([r for r in batch.rows if not r.finish], err)
-            return
-        if batch.done():
-            self._batch = None
-
-    def _plan(self, running: list) -> list:
-        """Rows of the next slice: waiting rows first (they have waited), then the running ones; at most
-        `max_gen_batch` rows, about `max_batch_tokens` of context, and an equal share per request."""
-        candidates = [r for r in [*self._waiting, *running] if not self._drop(r)]
-        owners = {id(r.job.owner) if r.job.owner is not None else id(r) for r in candidates}
-        share = max(1, self.max_gen_batch // max(1, len(owners)))
-        chosen, rest, per_owner, tokens = [], [], {}, 0
-        for row in candidates:
-            owner = id(row.job.owner) if row.job.owner is not None else id(row)
-            size = len(row.job.ids) + len(row.tokens)
-            fits = not chosen or (len(chosen) < self.max_gen_batch and tokens + size <= self.max_batch_tokens)
-            if fits and per_owner.get(owner, 0) < share:
-                chosen.append(row)
-                per_owner[owner] = per_owner.get(owner, 0) + 1
-                tokens += size
-            else:
-                rest.append(row)
-        self._waiting = deque(rest)
-        return chosen
-
-    def _drop(self, row) -> bool:
-        if row.is_cancelled():
-            row.finish = "cancelled"
-            self._finish(row)
-            return True
-        return False
-
-    def _retry_alone(self, rows: list, err: BaseException) -> None:
-        from evaluation.decoding import Batch
-
-        if len(rows) == 1:
-            rows[0].fail(err)
-            self._finish(rows[0])
-            return
-        log.warning("a generation batch of %d rows failed (%s: %s); retrying each alone",
-                    len(rows), type(err).__name__, err)
-        for row in rows:
-            try:
-                batch = Batch(self.model, [row], self.pad_id)
-                for _ in range(self.slice_steps):
-                    if batch.done():
-                        break
-                    batch.step(self.eos_ids)
-            except Exception as own:  # noqa: BLE001 - this row's own failure
-                row.fail(own)
-            if row.finish:
-                self._finish(row)
-            else:
-                self._waiting.append(row)
-
-    def _finish(self, row) -> None:
-        job = row.job
-        if job.first_token_at is None:
-            job.first_token_at = time.perf_counter()
-        if row.error is None and not job.future.cancelled():
-            try:
-                _settle(job.future, row.result())
-                return
-            except Exception as err:  # noqa: BLE001 - e.g. a streaming callback whose client is gone
-                row.error = err
-        if row.error is not None:
-            _settle(job.future, error=row.error)
-
-
-def _trim(scored: Scored, top_k: int) -> Scored:
-    """A batch computes the largest top-k any member asked for; each request gets exactly its own k."""
-    if all(t is None or len(t) <= top_k for t in scored.top_logprobs):
-        return scored
-    tops = [None if t is None else dict(list(t.items())[:top_k]) for t in scored.top_logprobs]
-    return Scored(scored.tokens, scored.token_logprobs, tops)
+    def others_waiting(self) -> bool:
+        """Work other than the running batch waits (the worker's own view; called from its thread)."""
+        return bool(self._generating.waiting or self._scoring.jobs or not self._inbox.empty())
 
 
 def default_threads() -> int:

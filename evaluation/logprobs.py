@@ -59,7 +59,7 @@ def chat_logprobs(engine, tokens: list[int], lps: list[float], tops: list, texts
     """`choices[].logprobs.content` entries of a chat completion (or of one streamed chunk)."""
     texts = texts if texts is not None else sequence_texts(engine, tokens)
     entries = []
-    for k, (token, lp, text) in enumerate(zip(tokens, lps, texts, strict=True)):
+    for k, (lp, text) in enumerate(zip(lps, texts, strict=True)):
         top = tops[k] if k < len(tops) and tops[k] else {}
         entries.append({
             "token": text, "logprob": lp, "bytes": list(text.encode("utf-8")),
