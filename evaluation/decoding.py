@@ -35,7 +35,7 @@ class Delta:
 class Row:
     job: object  # generation._Job: ids, params, on_text, cancelled, future
     generator: object
-    holdback: int
+    stops: list[str]
     decoder: IncrementalText
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -54,8 +54,7 @@ class Row:
 
         params = job.params
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        holdback = max((len(s) for s in params.stop), default=1) - 1
-        return cls(job, generator, holdback, IncrementalText(tokenizer))
+        return cls(job, generator, [s for s in params.stop if s], IncrementalText(tokenizer))
 
     def context(self) -> list[int]:
         return [*self.job.ids, *self.tokens]
@@ -87,7 +86,7 @@ class Row:
             if hits:
                 self.text, self.finish, self.cut = self.text[: min(hits)], "stop", True
                 return
-        self._stream(len(self.text) - self.holdback)
+        self._stream(len(self.text) - held_back(self.text, self.stops))
         if len(self.tokens) >= params.max_tokens:
             self.finish = "length"
 
@@ -115,6 +114,18 @@ class Row:
             self.ends[-1] = max(self.ends[-1], len(self.text))
         self._stream(len(self.text), final=True)
         return Generated(self.text, self.tokens, self.logprobs, self.tops[: len(self.tokens)], self.finish or "length")
+
+
+def held_back(text: str, stops: list[str]) -> int:
+    """Characters at the end of `text` that could still become a stop string: the longest suffix that is a
+    prefix of one. Only those wait; everything before streams at once."""
+    keep = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), keep, -1):
+            if text.endswith(stop[:k]):
+                keep = k
+                break
+    return keep
 
 
 def pick(logits, params, generator) -> int:
