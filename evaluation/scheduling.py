@@ -69,8 +69,13 @@ class ScoringQueue:
             self.engine.observer("score", len(prompts), sum(len(p) for p in prompts))
 
     def _pick_prompts(self) -> list[tuple]:
-        """Prompts for one round: every waiting request in turn, each up to its share of the budget."""
-        share = max(1, self.engine.max_batch_tokens // len(self.jobs))
+        """Prompts for one round: every waiting request in turn, each up to its share of the budget.
+
+        Prompts that continue a shared prefix (the choices of one question) stay together past the share,
+        within the round's budget: scored in one pass they reuse the prefix's pass over the vocabulary.
+        """
+        budget = self.engine.max_batch_tokens
+        share = max(1, budget // len(self.jobs))
         picked: list[tuple] = []
         used = 0
         served: list = []
@@ -78,7 +83,8 @@ class ScoringQueue:
             taken = 0
             while job.next_prompt < len(job.prompts):
                 size = len(job.prompts[job.next_prompt])
-                if picked and (used + size > self.engine.max_batch_tokens or (taken and taken + size > share)):
+                sibling = taken and _same_question(job.prompts[job.next_prompt - 1], job.prompts[job.next_prompt])
+                if picked and (used + size > budget or (taken and taken + size > share and not sibling)):
                     break
                 picked.append((job, job.next_prompt))
                 job.next_prompt += 1
@@ -222,6 +228,12 @@ class GenerationQueue:
                 row.error = err
         if row.error is not None:
             settle(job.future, error=row.error)
+
+
+def _same_question(previous: list[int], prompt: list[int]) -> bool:
+    """The two prompts share at least half of the shorter one as a prefix."""
+    half = min(len(previous), len(prompt)) // 2
+    return half > 0 and previous[:half] == prompt[:half]
 
 
 def _trim(scored, top_k: int):

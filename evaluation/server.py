@@ -74,6 +74,9 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None):
     from evaluation.serving_metrics import ServerMetrics
     from evaluation.streaming import stream
 
+    from evaluation.generation import Engine, default_threads
+
+    slot.engine_factory = lambda folder: Engine(folder, threads=default_threads(), **engine_options(config))
     metrics = ServerMetrics()
     metrics.watch_slot(slot)
     ctx = ServerContext(slot, config, metrics, keys)

@@ -62,7 +62,10 @@ class ServerMetrics:
         self._served = labels
         if not initial:
             self.swaps.inc()
-        serving.engine.observer = lambda kind, rows, _tokens: self.batch_size.labels(kind).observe(rows)
+        try:
+            serving.engine.observer = lambda kind, rows, _tokens: self.batch_size.labels(kind).observe(rows)
+        except AttributeError:  # an engine without batch reports
+            pass
 
     def observe(self, record: dict) -> None:
         route = record["route"]

@@ -49,6 +49,8 @@ class ModelSlot:
         self._current: Serving | None = None
         self._retired: list[Serving] = []
         self.swaps = 0
+        # How load_and_swap builds an engine; the server sets one with its configured batch limits.
+        self.engine_factory: Callable[[Path], object] = _default_engine
         self.listeners: list[Callable[[Serving], None]] = []  # told about each new serving (metrics)
 
     # ------------------------------------------------------------------ reading
@@ -118,7 +120,7 @@ class ModelSlot:
         if problem:
             raise SlotError(f"version {version} was not swapped in: {problem}. Fix: register it with its own profile.")
         try:
-            engine = (engine_factory or _default_engine)(model_dir)
+            engine = (engine_factory or self.engine_factory)(model_dir)
         except Exception as err:
             raise SlotError(f"version {version} ({model_dir}) could not be loaded: {type(err).__name__}: {err}. "
                             "The serving version keeps serving.") from err

@@ -114,3 +114,15 @@ def test_cancelled_scoring_drops_its_remaining_prompts(engine):
     gate.set()
     assert engine.score([[1, 2]]).result(timeout=60)
     assert sum(engine.batches[before:]) == 1  # only the probe was scored
+
+
+def test_the_choices_of_one_question_are_scored_in_one_round_even_under_contention(engine):
+    context = list(range(100, 160))
+    question = [context + [7, 8 + i] for i in range(4)]  # 4 x 62 tokens: past a 512/3 share, within the budget
+    gate = _hold(engine)
+    before = len(engine.batches)
+    others = [engine.score([[1, 2, 3 + i]]) for i in range(2)]
+    mine = engine.score(question)
+    gate.set()
+    assert len(mine.result(timeout=60)) == 4 and all(f.result(timeout=60) for f in others)
+    assert engine.batches[before:] == [6]
