@@ -70,11 +70,10 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None):
     from starlette.exceptions import HTTPException
 
     from evaluation.completions import View, prepare_chat, prepare_completion, run
+    from evaluation.generation import Engine, default_threads
     from evaluation.serving_http import ServingMiddleware
     from evaluation.serving_metrics import ServerMetrics
     from evaluation.streaming import stream
-
-    from evaluation.generation import Engine, default_threads
 
     slot.engine_factory = lambda folder: Engine(folder, threads=default_threads(), **engine_options(config))
     metrics = ServerMetrics()
