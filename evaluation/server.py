@@ -70,12 +70,13 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None):
     from starlette.exceptions import HTTPException
 
     from evaluation.completions import View, prepare_chat, prepare_completion, run
-    from evaluation.generation import Engine, default_threads
+    from evaluation.generation import Engine
     from evaluation.serving_http import ServingMiddleware
     from evaluation.serving_metrics import ServerMetrics
     from evaluation.streaming import stream
 
-    slot.engine_factory = lambda folder: Engine(folder, threads=default_threads(), **engine_options(config))
+    # torch threads are process-wide and already set by `serve`: a swapped-in engine keeps them.
+    slot.engine_factory = lambda folder: Engine(folder, **engine_options(config))
     metrics = ServerMetrics()
     metrics.watch_slot(slot)
     ctx = ServerContext(slot, config, metrics, keys)
