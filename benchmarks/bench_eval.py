@@ -106,7 +106,7 @@ def throughput(path: str, levels: list[int], requests: int, max_tokens: int) -> 
     rows = []
     with ServerProcess(Path(path), profile_file, "bench", work / "server.log") as server:
         server.start(600)
-        client = httpx.Client(base_url=server.url, timeout=600)
+        client = httpx.Client(base_url=server.url, timeout=600, headers=server.headers)
         lock = threading.Lock()
         prompt = [int(t) for t in client.post("/tokenize", json={
             "prompt": "Customer question: How many days do I have to return a jacket? " * 4}).json()["tokens"]]

@@ -32,24 +32,117 @@ def serve(
     port: int = typer.Option(8000, min=1, max=65535),
     name: str | None = typer.Option(None, help="model id the server answers to (default: from the ref)"),
     threads: int | None = typer.Option(None, min=1, help="torch threads (default: cores - 1, or MLOPS_SERVE_THREADS)"),
+    no_auth: bool = typer.Option(False, "--no-auth", help="serve without API keys (loopback hosts only, local use)"),
+    keys_file: Path | None = typer.Option(None, help="hashed API keys file (default: serve.auth.keys_file)"),
+    drain_timeout: float | None = typer.Option(None, min=0, help="seconds SIGTERM waits for running requests"),
+    config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file (its serve: section)"),
+    overrides: list[str] | None = typer.Argument(None, help="key=value overrides, e.g. serve.max_prompts=32",
+                                                 show_default=False),
 ) -> None:
     """Serve a model version over an OpenAI-compatible API, configured by its deployment profile."""
     from evaluation.server import serve as run_server
+    from evaluation.serving_config import ServeConfig
+    from mlops.cli_options import load
     from mlops.model_refs import resolve_model_ref
-    from mlops.profile import ProfileMismatchError, check_template, choose_eval_profile, read_profile
 
+    cfg = load(config, overrides)
+    serve_cfg = cfg.serve or ServeConfig()
+    if drain_timeout is not None:
+        serve_cfg = serve_cfg.model_copy(update={"drain_timeout": drain_timeout})
     resolved = resolve_model_ref(model)
     chosen, diffs = choose_eval_profile(resolved.profile(), read_profile(profile) if profile else None,
                                         force=force_profile)
     problem = check_template(chosen, resolved.hf_dir)
     if problem and not force_profile:
         raise ProfileMismatchError(f"{problem}. Fix: serve with the profile made for this tokenizer, or --force-profile.")
+    keys = _key_store(serve_cfg, keys_file, no_auth or not serve_cfg.auth.enabled, host)
     for diff in diffs:
         typer.echo(f"warning: forced profile differs from the released one: {diff}", err=True)
     served = name or resolved.served_name
-    typer.echo(f"serving {served} ({resolved.hf_dir}) on http://{host}:{port}/v1, profile {chosen.profile_hash()}",
-               err=True)
-    run_server(resolved.hf_dir, chosen, host=host, port=port, model_name=served, threads=threads)
+    typer.echo(f"serving {served} ({resolved.hf_dir}) on http://{host}:{port}/v1, profile {chosen.profile_hash()}, "
+               f"auth {'OFF' if keys is None else f'on ({keys.count()} keys in {keys.path})'}", err=True)
+    code = run_server(resolved.hf_dir, chosen, host=host, port=port, model_name=served,
+                      version=resolved.version or resolved.served_name, threads=threads, config=serve_cfg, keys=keys)
+    raise typer.Exit(code)
+
+
+def _key_store(serve_cfg, keys_file: Path | None, no_auth: bool, host: str):
+    """The API key store, or None for --no-auth (refused on a host other people can reach)."""
+    from evaluation.serving_auth import KeyStore, keys_path
+    from mlops.errors import ConfigError
+
+    if no_auth:
+        if host not in ("127.0.0.1", "::1", "localhost"):
+            raise ConfigError(
+                f"--no-auth serves every route without an API key, so it is only allowed on a loopback host; got "
+                f"--host {host}. Fix: make a key with `mlops serve-keys add --name NAME` and serve with auth, or "
+                "serve on --host 127.0.0.1 for local use."
+            )
+        banner = "!" * 78
+        typer.echo(f"{banner}\n!! AUTH IS OFF (--no-auth): anyone who can reach {host} can use this model.\n"
+                   f"!! Local use only. Production serving uses API keys (`mlops serve-keys add`).\n{banner}",
+                   err=True)
+        import logging
+
+        logging.getLogger("mlops.serve").warning("AUTH IS OFF (--no-auth): every route is open on %s", host)
+        return None
+    store = KeyStore(keys_path(keys_file or serve_cfg.auth.keys_file))
+    if store.count() == 0:
+        raise ConfigError(
+            f"no API keys in {store.path}, so no client could use this server. Fix: make one with "
+            f"`mlops serve-keys add --name NAME{f' --keys-file {keys_file}' if keys_file else ''}` (the key is "
+            "printed once), or pass --no-auth for local use on 127.0.0.1."
+        )
+    return store
+
+
+keys_app = typer.Typer(help="Make, list and revoke the API keys `mlops serve` accepts.", no_args_is_help=True)
+KeysFileOpt = typer.Option(None, "--keys-file", help="keys file (default: serve.auth.keys_file under the project home)")
+
+
+def _keys_file(keys_file: Path | None) -> Path:
+    from evaluation.serving_auth import keys_path
+    from evaluation.serving_config import DEFAULT_KEYS_FILE
+
+    return keys_path(keys_file or DEFAULT_KEYS_FILE)
+
+
+@keys_app.command("add")
+def keys_add(name: str = typer.Option(..., "--name", help="who or what uses the key"),
+             keys_file: Path | None = KeysFileOpt) -> None:
+    """Make a key; it is printed once, only its SHA-256 is stored."""
+    from evaluation.serving_auth import add_key
+
+    path = _keys_file(keys_file)
+    key, entry = add_key(path, name)
+    typer.echo(f"key id {entry['id']} ({entry['name']}) added to {path}. Store it now; it is not shown again:", err=True)
+    typer.echo(key)
+
+
+@keys_app.command("list")
+def keys_list(keys_file: Path | None = KeysFileOpt) -> None:
+    """Key ids, names, creation times and state (never the keys)."""
+    import time
+
+    from evaluation.serving_auth import read_keys
+
+    path = _keys_file(keys_file)
+    keys = read_keys(path)
+    if not keys:
+        typer.echo(f"no keys in {path}; make one with `mlops serve-keys add --name NAME`")
+    for entry in keys:
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.get("created", 0)))
+        typer.echo(f"{entry['id']}  {entry.get('name', ''):24} {created}  {'revoked' if entry.get('revoked') else 'active'}")
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: str = typer.Argument(..., help="the key id shown by `list`"),
+                keys_file: Path | None = KeysFileOpt) -> None:
+    """Revoke a key; a running server stops accepting it within seconds."""
+    from evaluation.serving_auth import revoke_key
+
+    entry = revoke_key(_keys_file(keys_file), key_id)
+    typer.echo(f"revoked key {entry['id']} ({entry.get('name', '')})")
 
 
 def eval_command(
@@ -110,8 +203,9 @@ def contamination(
 
 
 def register(app: typer.Typer) -> None:
-    """Add `serve`, `eval`, `gate` and `contamination` to the top-level app."""
+    """Add `serve`, `serve-keys`, `eval`, `gate` and `contamination` to the top-level app."""
     app.command("serve")(serve)
+    app.add_typer(keys_app, name="serve-keys")
     app.command("eval")(eval_command)
     app.command("gate")(gate)
     app.command("contamination")(contamination)

@@ -1,9 +1,15 @@
 """The scoring and generation core behind the server: one worker thread owns the model.
 
-Requests from any thread are queued as jobs; the worker runs them in order, so the model is never touched
-concurrently. Scoring jobs (echo + logprobs, what lm-eval's loglikelihood sends) that are waiting together
-are run as one right-padded batch; generation jobs waiting together decode as one left-padded batch with a
-KV cache (evaluation.decoding), streaming text through each job's callback.
+Requests from any thread are queued as jobs; only the worker touches the model. It alternates between a
+scoring round and a generation slice while both kinds wait, and schedules fairly within each kind:
+
+- a scoring round takes prompts from every waiting request in turn, each at most its share of the token
+  budget (`max_batch_tokens`), so a request with a hundred long prompts does not hold the queue;
+- a generation slice decodes at most `max_gen_batch` rows (and about `max_batch_tokens` tokens of context)
+  for `slice_steps` steps when others wait; then waiting rows join or take turns (evaluation.decoding).
+
+A failing batch never fails its neighbours: the worker retries the members alone and fails only the one
+that fails alone. Cancelled jobs (the client went away) are dropped between steps.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -44,10 +51,14 @@ class Generated:
     tokens: list[int]
     token_logprobs: list[float]
     top_logprobs: list[dict[int, float]]
-    finish_reason: str  # "stop" or "length"
+    finish_reason: str  # "stop", "length" or "cancelled"
 
 
-@dataclass
+class EngineClosed(RuntimeError):
+    """A job was submitted to an engine that was closed (its worker will never run it)."""
+
+
+@dataclass(eq=False)
 class _Job:
     kind: str  # "score" or "generate"
     future: Future
@@ -55,58 +66,110 @@ class _Job:
     top_k: int = 1
     ids: list[int] | None = None
     params: GenParams | None = None
-    on_text: Callable[[str], None] | None = None
+    on_text: Callable | None = None
+    owner: object = None  # jobs of one request share one turn
     cancelled: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    next_prompt: int = 0  # scoring progress (worker only)
+    results: dict = field(default_factory=dict)
+
+    def dropped(self) -> bool:
+        return self.cancelled.is_set() or self.future.cancelled()
 
 
 class Engine:
     """A causal LM loaded once, served by a single worker thread."""
 
     def __init__(self, model_dir: Path | str, *, max_batch_tokens: int = 4096, max_gen_batch: int = 8,
-                 threads: int | None = None) -> None:
+                 slice_steps: int = 16, threads: int | None = None) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from evaluation.scheduling import GenerationQueue, ScoringQueue
+
         if threads:
             torch.set_num_threads(threads)
-
         self.model_dir = Path(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         self.model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32).eval()
-        self.max_batch_tokens = max_batch_tokens
-        self.max_gen_batch = max_gen_batch
+        self.max_batch_tokens, self.max_gen_batch, self.slice_steps = max_batch_tokens, max_gen_batch, slice_steps
         self.eos_ids = _eos_ids(self.tokenizer, self.model)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self._texts: dict[int, str] = {}  # token id -> text, for logprobs blocks
-        self.batches: list[int] = []  # sizes of scoring batches run (for tests and metrics)
-        self.gen_batches: list[int] = []  # sizes of generation batches run
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._labels: dict[int, str] = {}
+        self._pieces: dict[int, str] = {}
+        self.batches: list[int] = []  # prompts per scoring round (tests, metrics)
+        self.gen_batches: list[int] = []  # rows per generation batch
+        self.observer: Callable[[str, int, int], None] | None = None  # (kind, rows, tokens) per batch
+        self.last_progress = time.monotonic()
+        self._inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._scoring = ScoringQueue(self)
+        self._generating = GenerationQueue(self)
+        self._closing = False  # the worker saw the close request
+        self._closed = False  # close() was called: no new jobs
+        self._turn = "score"
         self._worker = threading.Thread(target=self._run, name="engine-worker", daemon=True)
         self._worker.start()
 
     # ------------------------------------------------------------------ public API (any thread)
 
-    def score(self, prompts: list[list[int]], top_k: int = 1) -> Future:
-        """Future of list[Scored], one per prompt, in order."""
-        job = _Job("score", Future(), prompts=prompts, top_k=max(1, top_k))
-        self._jobs.put(job)
+    def score(self, prompts: list[list[int]], top_k: int = 1, owner: object = None) -> Future:
+        """Future of list[Scored], one per prompt, in order; cancelling it drops the work not yet done."""
+        job = _Job("score", Future(), prompts=prompts, top_k=max(1, top_k), owner=owner)
+        self._submit(job)
         return job.future
 
-    def generate(self, ids: list[int], params: GenParams, on_text: Callable[[str], None] | None = None) -> _Job:
-        """Queue a generation; the returned job's future yields `Generated`, `on_text` gets text deltas."""
-        job = _Job("generate", Future(), ids=ids, params=params, on_text=on_text)
-        self._jobs.put(job)
+    def generate(self, ids: list[int], params: GenParams, on_text: Callable | None = None,
+                 owner: object = None) -> _Job:
+        """Queue a generation; the job's future yields `Generated`; `on_text` gets `decoding.Delta`s."""
+        job = _Job("generate", Future(), ids=ids, params=params, on_text=on_text, owner=owner)
+        self._submit(job)
         return job
 
-    def close(self) -> None:
-        self._jobs.put(None)
-        self._worker.join(timeout=10)
+    def _submit(self, job: _Job) -> None:
+        if self._closed or not self._worker.is_alive():  # nobody would ever answer it
+            job.future.set_exception(EngineClosed(f"the engine for {self.model_dir} is closed"))
+            return
+        self._inbox.put(job)
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._closed = True
+        self._inbox.put(None)
+        self._worker.join(timeout=timeout)
+
+    def alive(self) -> bool:
+        return self._worker.is_alive() and not self._closed
+
+    def queue_depth(self) -> int:
+        """Requests waiting for the worker (approximate: read without the worker's lock)."""
+        return self._inbox.qsize() + len(self._scoring.jobs) + len(self._generating.waiting)
+
+    def stalled(self, seconds: float) -> bool:
+        """True when work waits and the worker has made no progress for `seconds`."""
+        busy = self.queue_depth() > 0 or self._generating.batch is not None
+        return busy and time.monotonic() - self.last_progress > seconds
+
+    def token_piece(self, token_id: int) -> str:
+        """A token decoded on its own (cached): part of a character decodes as U+FFFD."""
+        piece = self._pieces.get(token_id)
+        if piece is None:
+            piece = self._pieces[token_id] = self.tokenizer.decode([token_id])
+        return piece
+
+    def token_bytes(self, token_id: int) -> list[int]:
+        from evaluation.detokenize import token_bytes
+
+        raw = token_bytes(self.tokenizer, token_id)
+        return list(raw) if raw is not None else list(self.token_piece(token_id).encode("utf-8"))
 
     def token_text(self, token_id: int) -> str:
-        text = self._texts.get(token_id)
-        if text is None:
-            text = self._texts[token_id] = self.tokenizer.decode([token_id])
-        return text
+        """A token on its own, for `top_logprobs` keys (partial characters spelled as bytes)."""
+        label = self._labels.get(token_id)
+        if label is None:
+            from evaluation.detokenize import token_label
+
+            label = self._labels[token_id] = token_label(self.tokenizer, token_id)
+        return label
 
     # ------------------------------------------------------------------ worker
 
@@ -115,124 +178,48 @@ class Engine:
 
         torch.set_grad_enabled(False)
         while True:
-            job = self._jobs.get()
-            if job is None:
+            if not self._intake(block=not self._has_work()):
                 return
-            batch = [job]
-            if job.kind == "score":
-                batch += self._drain_scores(sum(len(p) for p in job.prompts))
-            else:
-                batch += self._drain_generations()
+            self.last_progress = time.monotonic()
+            generating = self._generating.pending()
             try:
-                if job.kind == "score":
-                    self._score_batch(batch)
-                else:
-                    self._generate_batch(batch)
-            except Exception as err:  # noqa: BLE001 - the error belongs to the request, not the worker
-                log.exception("engine job failed")
-                for item in batch:
-                    if not item.future.done():
-                        item.future.set_exception(err)
+                if self._scoring.jobs and (self._turn == "score" or not generating):
+                    self._turn = "generate"
+                    self._scoring.run_round()
+                elif generating:
+                    self._turn = "score"
+                    self._generating.run_slice()
+            except Exception:  # noqa: BLE001 - a scheduler bug must not kill the only thread that runs the model
+                log.exception("engine worker: unexpected error; the worker goes on")
 
-    def _drain_generations(self) -> list[_Job]:
-        """Other generation jobs already waiting, up to `max_gen_batch` in all."""
-        taken: list[_Job] = []
-        while len(taken) + 1 < self.max_gen_batch:
-            try:
-                nxt = self._jobs.queue[0]
-            except IndexError:
-                break
-            if nxt is None or nxt.kind != "generate":
-                break
-            taken.append(self._jobs.get())
-        return taken
+    def _has_work(self) -> bool:
+        return bool(self._scoring.jobs) or self._generating.pending()
 
-    def _drain_scores(self, tokens: int) -> list[_Job]:
-        """Other scoring jobs already waiting, up to the token budget; a generation job stops the drain."""
-        taken: list[_Job] = []
+    def _intake(self, block: bool) -> bool:
+        """Move new jobs into the worker's queues; False once closed and idle."""
+        from evaluation.decoding import Row
+        from evaluation.scheduling import settle
+
         while True:
             try:
-                nxt = self._jobs.queue[0]
-            except IndexError:
-                return taken
-            if nxt is None or nxt.kind != "score":
-                return taken
-            size = sum(len(p) for p in nxt.prompts)
-            if tokens + size > self.max_batch_tokens:
-                return taken
-            taken.append(self._jobs.get())
-            tokens += size
-
-    def _score_batch(self, jobs: list[_Job]) -> None:
-        prompts = [p for job in jobs for p in job.prompts]
-        top_k = max(job.top_k for job in jobs)
-        # Sort by length so padding stays small; chunk by the token budget (logits are [batch, len, vocab]).
-        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
-        scored: dict[int, Scored] = {}
-        chunk: list[int] = []
-        for i in order:
-            longest = len(prompts[chunk[0]]) if chunk else len(prompts[i])
-            if chunk and longest * (len(chunk) + 1) > self.max_batch_tokens:
-                scored.update(zip(chunk, self._forward_score([prompts[j] for j in chunk], top_k), strict=True))
-                chunk = []
-            chunk.append(i)
-        if chunk:
-            scored.update(zip(chunk, self._forward_score([prompts[j] for j in chunk], top_k), strict=True))
-        self.batches.append(len(prompts))
-        results = [scored[i] for i in range(len(prompts))]
-        start = 0
-        for job in jobs:
-            n = len(job.prompts)
-            job.future.set_result(results[start : start + n])
-            start += n
-
-    def _forward_score(self, prompts: list[list[int]], top_k: int) -> list[Scored]:
-        import torch
-
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            ids[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-            mask[row, : len(prompt)] = 1
-        logits = self.model(input_ids=ids, attention_mask=mask).logits
-        out: list[Scored] = []
-        lses: list[list[float]] = []
-        for row, prompt in enumerate(prompts):
-            n = len(prompt)
-            # Logits at position t depend only on tokens[:t+1]: where this prompt shares a prefix with an
-            # earlier one (the choices of one multiple-choice question do), reuse that row's normaliser and top
-            # tokens instead of another pass over the vocabulary.
-            src, shared = _longest_shared_prefix(prompts[:row], prompt)
-            rows = logits[row, shared:n].float()  # position t predicts token t+1
-            lse_new = rows.logsumexp(dim=-1)
-            if top_k > 1:
-                top_vals, top_ids = rows.topk(top_k, dim=-1)
+                job = self._inbox.get(block=block and not self._closing, timeout=None)
+            except queue.Empty:
+                break
+            block = False
+            if job is None:
+                self._closing = True
+            elif job.kind == "score":
+                self._scoring.jobs.append(job)
             else:
-                top_vals, top_ids = rows.max(dim=-1, keepdim=True)
-            top_vals = top_vals - lse_new.unsqueeze(1)
-            tops = [dict(zip(i, v, strict=True)) for i, v in zip(top_ids.tolist(), top_vals.tolist(), strict=True)]
-            lse = lses[src][:shared] + lse_new.tolist() if shared else lse_new.tolist()
-            tops = out[src].top_logprobs[1 : shared + 1] + tops if shared else tops
-            # token t+1's logprob: reused below the shared prefix, gathered from this row's logits from there on
-            first = max(shared - 1, 0)
-            target = torch.tensor(prompt[first + 1 :], dtype=torch.long)
-            gathered = logits[row, first : n - 1].float().gather(1, target.unsqueeze(1)).squeeze(1)
-            fresh = (gathered - torch.tensor(lse[first : n - 1])).tolist()
-            token_lps = (out[src].token_logprobs[1 : first + 1] if first else []) + fresh
-            next_id = next(iter(tops[-1]))
-            lses.append(lse)
-            out.append(Scored(tokens=[*prompt, next_id], token_logprobs=[None, *token_lps, tops[-1][next_id]],
-                              top_logprobs=[None, *tops]))
-        return out
+                try:
+                    self._generating.waiting.append(Row.start(job, self.tokenizer))
+                except Exception as err:  # noqa: BLE001 - e.g. a seed torch cannot take: this job's own failure
+                    settle(job.future, error=err)
+        return not (self._closing and not self._has_work())
 
-    def _generate_batch(self, jobs: list[_Job]) -> None:
-        from evaluation.decoding import generate_batch
-
-        self.gen_batches.append(len(jobs))
-        for job, result in zip(jobs, generate_batch(self.model, self.tokenizer, self.eos_ids, self.pad_id, jobs),
-                               strict=True):
-            job.future.set_result(result)
+    def others_waiting(self) -> bool:
+        """Work other than the running batch waits (the worker's own view; called from its thread)."""
+        return bool(self._generating.waiting or self._scoring.jobs or not self._inbox.empty())
 
 
 def default_threads() -> int:
@@ -247,19 +234,6 @@ def default_threads() -> int:
     if env.isdigit() and int(env) > 0:
         return int(env)
     return max(1, (os.cpu_count() or 2) - 1)
-
-
-def _longest_shared_prefix(earlier: list[list[int]], prompt: list[int]) -> tuple[int, int]:
-    """(index of the earlier prompt sharing the longest prefix with `prompt`, that length); (0, 0) if none."""
-    best, length = 0, 0
-    for i, other in enumerate(earlier):
-        k = 0
-        limit = min(len(other), len(prompt))
-        while k < limit and other[k] == prompt[k]:
-            k += 1
-        if k > length:
-            best, length = i, k
-    return best, length
 
 
 def _eos_ids(tokenizer, model) -> set[int]:

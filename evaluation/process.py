@@ -1,4 +1,9 @@
-"""The model server as a child process: started on a free port, awaited on /health, stopped, its log kept."""
+"""The model server as a child process: started on a free port, awaited on /ready, stopped, its log kept.
+
+The server runs with API keys like any other: the process makes a fresh key for this one server (its hash in a
+keys file beside the log, the key only in memory here) and clients send `headers`. Another local user who
+finds the port cannot use the model.
+"""
 
 from __future__ import annotations
 
@@ -32,23 +37,34 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_path)
+        self.keys_file = self.log_path.with_name(f"{self.log_path.stem}.api_keys.json")
+        self.api_key = ""
         self.command = [
             sys.executable, "-m", "mlops", "serve", "--model", str(hf_dir), "--profile", str(profile_file),
-            "--name", name, "--host", "127.0.0.1", "--port", str(self.port),
+            "--name", name, "--host", "127.0.0.1", "--port", str(self.port), "--keys-file", str(self.keys_file),
             *(["--force-profile"] if force_profile else []),
         ]
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a client sends to be let in."""
+        return {"Authorization": f"Bearer {self.api_key}"}
         self.proc: subprocess.Popen | None = None
         self._log = None
 
     def start(self, timeout: float) -> ServerProcess:
-        """Launch and wait for /health."""
+        """Launch and wait for /ready."""
         self.launch()
         self.wait_healthy(timeout)
         return self
 
     def launch(self) -> ServerProcess:
         """Start the process without waiting, so the caller can prepare work while the model loads."""
+        from evaluation.serving_auth import add_key
+
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.keys_file.unlink(missing_ok=True)
+        self.api_key, _ = add_key(self.keys_file, "eval-runner")
         self._log = self.log_path.open("ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("MLFLOW_RUN_ID", None)  # the server is no run of its own
@@ -65,7 +81,7 @@ class ServerProcess:
                     f"Its log ({self.log_path}) ends with:\n{self.log_tail()}\nFix: see the log above."
                 )
             try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+                with urllib.request.urlopen(f"{self.url}/ready", timeout=2) as resp:
                     if resp.status == 200:
                         return
             except (urllib.error.URLError, OSError):
@@ -73,7 +89,7 @@ class ServerProcess:
             time.sleep(0.2)
         self.stop()
         raise ServerError(
-            f"the model server did not answer /health within {timeout:.0f} s. Its log ends with:\n{self.log_tail()}\n"
+            f"the model server was not ready (/ready) within {timeout:.0f} s. Its log ends with:\n{self.log_tail()}\n"
             "Fix: raise eval.server_start_timeout, or check the log for a stuck model load."
         )
 

@@ -1,68 +1,99 @@
-"""OpenAI-compatible server for one model version, configured by its deployment profile.
+"""OpenAI-compatible server for one model slot, configured by the deployment profile of the version in it.
 
 Endpoints: /v1/completions (string or token-id prompts, echo + logprobs for loglikelihood scoring),
 /v1/chat/completions (the model's chat template, the profile's system prompt and stops, SSE streaming),
-/v1/models, /health, /tokenizer_info, /tokenize, /detokenize. Every request gets an id (the `X-Request-ID`
-header, taken from the client when it sends one) that appears in the response header and in the log.
+/v1/models, /v1/models/{id}, /tokenizer_info, /tokenize, /detokenize (vLLM style), /health (the process is
+alive), /ready (a model is loaded and answering), /metrics (Prometheus). Every request gets an id (the
+`X-Request-ID` header, taken from the client when it sends a safe one); model responses name the version
+that answered in `X-Model-Version`.
 
 String prompts are tokenized without special tokens, exactly as lm-eval's `hf` model does: a server that
 prepends BOS would shift loglikelihoods by several nats.
 """
 
 
-import asyncio
 import contextlib
 import json
 import logging
-import re
-import time
-import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from evaluation.api_schema import ApiError, ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from evaluation.generation import Engine, Generated, GenParams, Scored
+from evaluation.api_schema import ApiError, DetokenizeRequest, TokenizeRequest, parse_body
+from evaluation.serving_config import ServeConfig
+from evaluation.serving_http import MODEL_VERSION, REQUEST_ID  # noqa: F401 - re-exported for clients and tests
+from evaluation.slot import ModelSlot
 from mlops.profile import DeploymentProfile, chat_template_hash, template_of
 
 log = logging.getLogger("mlops.serve")
-REQUEST_ID = "X-Request-ID"
-_SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 
-def create_app(model_dir: Path | str, profile: DeploymentProfile, *, model_name: str | None = None, engine=None):
-    """The FastAPI app serving `model_dir` under `profile`; `engine` may be shared (tests, benchmarks)."""
+@dataclass(eq=False)
+class ServerContext:
+    """What the middleware and every handler share."""
+
+    slot: ModelSlot
+    config: ServeConfig
+    metrics: object  # serving_metrics.ServerMetrics
+    keys: object | None = None  # serving_auth.KeyStore; None: no auth
+    draining: bool = False
+    cut: int = 0  # requests cut by the drain timeout
+    extra: dict = field(default_factory=dict)
+
+
+def engine_options(config: ServeConfig) -> dict:
+    return {"max_batch_tokens": config.max_batch_tokens, "max_gen_batch": config.max_batch_rows,
+            "slice_steps": config.slice_steps}
+
+
+def create_app(model_dir: Path | str, profile: DeploymentProfile, *, model_name: str | None = None, engine=None,
+               version: str | None = None, config: ServeConfig | None = None, keys=None):
+    """The app serving `model_dir` under `profile`; `engine` may be shared (tests, benchmarks).
+
+    `keys` (a `serving_auth.KeyStore`) turns API keys on; without it every route is open, which is what
+    `mlops serve --no-auth` does for local use.
+    """
+    from evaluation.generation import Engine
+
+    config = config or ServeConfig()
+    model_dir = Path(model_dir)
+    slot = ModelSlot(model_name or model_dir.name)
+    slot.swap(engine or Engine(model_dir, **engine_options(config)), profile, version or slot.name, model_dir=model_dir)
+    return build_app(slot, config, keys=keys)
+
+
+def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None):
+    """The app for a model slot; `app.state.slot` is the slot a registry follower swaps versions into."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, Response
+    from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
 
-    model_dir = Path(model_dir)
-    engine = engine or Engine(model_dir)
-    state = _State(engine, profile, model_name or model_dir.name, model_dir)
+    from evaluation.completions import View, prepare_chat, prepare_completion, run
+    from evaluation.generation import Engine
+    from evaluation.serving_http import ServingMiddleware
+    from evaluation.serving_metrics import ServerMetrics
+    from evaluation.streaming import stream
+
+    # torch threads are process-wide and already set by `serve`: a swapped-in engine keeps them.
+    slot.engine_factory = lambda folder: Engine(folder, **engine_options(config))
+    metrics = ServerMetrics()
+    metrics.watch_slot(slot)
+    ctx = ServerContext(slot, config, metrics, keys)
+
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         yield
-        engine.close()
+        await run_in_threadpool(slot.close)
 
-    app = FastAPI(title="mlops OpenAI-compatible server", version="1", lifespan=lifespan)
-    app.state.serving = state
-
-    @app.middleware("http")
-    async def request_id(request: Request, call_next):
-        given = request.headers.get(REQUEST_ID, "")
-        rid = given if _SAFE_ID.match(given) else uuid.uuid4().hex
-        request.state.request_id = rid
-        started = time.perf_counter()
-        response = await call_next(request)
-        response.headers[REQUEST_ID] = rid
-        log.info(
-            "request_id=%s %s %s %d %.1fms", rid, request.method, request.url.path, response.status_code,
-            (time.perf_counter() - started) * 1000,
-        )
-        return response
+    app = FastAPI(title="mlops OpenAI-compatible server", version="1", lifespan=lifespan, docs_url=None,
+                  redoc_url=None, openapi_url=None)
+    app.state.slot, app.state.ctx = slot, ctx
+    app.add_middleware(ServingMiddleware, ctx=ctx)
 
     def error(request: Request, err: ApiError) -> JSONResponse:
         rid = getattr(request.state, "request_id", "-")
-        log.warning("request_id=%s error %d %s", rid, err.status, err.message)
+        log.info("request_id=%s answered %d %s: %s", rid, err.status, err.code, err.message)
         return JSONResponse(err.body(rid), status_code=err.status)
 
     @app.exception_handler(ApiError)
@@ -71,160 +102,117 @@ def create_app(model_dir: Path | str, profile: DeploymentProfile, *, model_name:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError):
-        problems = err.errors()
-        first = problems[0] if problems else {}
-        if first.get("type") == "json_invalid":
-            return error(request, ApiError(400, f"the request body is not valid JSON: {first.get('msg')}.", code="invalid_json"))
-        details = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in problems[:5])
-        param = ".".join(str(p) for p in first.get("loc", ())[1:2]) or None
-        return error(request, ApiError(400, f"invalid request: {details}.", param=param))
+        first = (err.errors() or [{}])[0]
+        return error(request, ApiError(400, f"invalid request: {first.get('msg', 'malformed')}."))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, err: HTTPException):
         return error(request, ApiError(err.status_code, str(err.detail), code="http_error"))
 
-    @app.exception_handler(Exception)
-    async def crash(request: Request, err: Exception):
-        log.exception("request_id=%s unhandled", getattr(request.state, "request_id", "-"))
-        return error(request, ApiError(500, f"internal error: {type(err).__name__}: {err}", code="internal_error"))
+    def view(request: Request) -> View:
+        return View(slot.name, request.state.serving, config)
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": state.name, "profile_hash": profile.profile_hash()}
+        serving = slot.current
+        return {"status": "ok", "model": slot.name, "version": serving.version if serving else None}
+
+    @app.get("/ready")
+    async def ready():
+        ok, reason = slot.ready(config.ready_stall_seconds)
+        if ctx.draining:
+            ok, reason = False, "shutting down"
+        serving = slot.current
+        body = {"status": "ready" if ok else "not_ready", "reason": reason, "model": slot.name,
+                "version": serving.version if serving else None}
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def prometheus():
+        payload, content_type = metrics.render()
+        return Response(payload, media_type=content_type)
+
+    def model_card(request: Request) -> dict:
+        serving = request.state.serving
+        return {"id": slot.name, "object": "model", "created": serving.loaded_at, "owned_by": "mlops",
+                "version": serving.version, "max_model_len": serving.profile.max_context,
+                "profile_hash": serving.profile.profile_hash()}
 
     @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{
-            "id": state.name, "object": "model", "created": state.created, "owned_by": "mlops",
-            "max_model_len": profile.max_context, "profile_hash": profile.profile_hash(),
-        }]}
+    async def models(request: Request):
+        return {"object": "list", "data": [model_card(request)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, request: Request):
+        View(slot.name, request.state.serving, config).check_model(model_id)
+        return model_card(request)
 
     @app.get("/tokenizer_info")
-    async def tokenizer_info():
-        tok = engine.tokenizer
-        template = template_of(model_dir)
+    async def tokenizer_info(request: Request):
+        serving = request.state.serving
+        tok, template = serving.engine.tokenizer, template_of(serving.model_dir) if serving.model_dir else None
         return {
             "tokenizer_class": type(tok).__name__, "eos_token": tok.eos_token, "bos_token": tok.bos_token,
-            "pad_token": tok.pad_token, "model_max_length": profile.max_context, "vocab_size": len(tok),
+            "pad_token": tok.pad_token, "model_max_length": serving.profile.max_context, "vocab_size": len(tok),
             "chat_template": template, "chat_template_hash": chat_template_hash(template),
         }
 
+    def _tokenize(v: View, raw: bytes) -> dict:
+        body = parse_body(raw, TokenizeRequest)
+        tokens = v.engine.tokenizer(body.prompt, add_special_tokens=body.add_special_tokens).input_ids
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": v.profile.max_context}
+
+    def _detokenize(v: View, raw: bytes) -> dict:
+        body = parse_body(raw, DetokenizeRequest)
+        return {"prompt": v.engine.tokenizer.decode(v.check_ids(body.tokens, "tokens"))}
+
+    def as_json(work, *args) -> bytes:
+        # Built and serialized off the event loop: a scoring response can hold thousands of logprobs.
+        return json.dumps(work(*args)).encode()
+
     @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest):
-        tokens = engine.tokenizer(body.prompt, add_special_tokens=body.add_special_tokens).input_ids
-        return {"tokens": tokens, "count": len(tokens), "max_model_len": profile.max_context}
+    async def tokenize(request: Request):
+        payload = await run_in_threadpool(as_json, _tokenize, view(request), await request.body())
+        return Response(payload, media_type="application/json")
 
     @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest):
-        return {"prompt": engine.tokenizer.decode(state.check_ids(body.tokens, "tokens"))}
+    async def detokenize(request: Request):
+        payload = await run_in_threadpool(as_json, _detokenize, view(request), await request.body())
+        return Response(payload, media_type="application/json")
+
+    async def generate(request: Request, prepare):
+        v = view(request)
+        prep = await run_in_threadpool(prepare, v, await request.body())
+        request.state.access["prompt_tokens"] = sum(len(p) for p in prep.prompts)
+        if prep.body.stream:
+            return stream(v, prep, request, request.state.request_id)
+        out = await run(v, prep, request, request.state.request_id)
+        if out is None:  # the client went away; its work was cancelled
+            return Response(status_code=499)
+        request.state.access["completion_tokens"] = out["usage"]["completion_tokens"]
+        return Response(await run_in_threadpool(as_json, lambda: out), media_type="application/json")
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
-        from evaluation.completions import complete
-
-        return await complete(state, body, request.state.request_id)
+    async def completions(request: Request):
+        return await generate(request, prepare_completion)
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatRequest, request: Request):
-        from evaluation.completions import chat_complete
-
-        return await chat_complete(state, body, request.state.request_id)
+    async def chat(request: Request):
+        return await generate(request, prepare_chat)
 
     return app
 
 
-class _State:
-    """What every handler needs: the engine, the profile and the checks they share."""
-
-    def __init__(self, engine: Engine, profile: DeploymentProfile, name: str, model_dir: Path) -> None:
-        self.engine = engine
-        self.profile = profile
-        self.name = name
-        self.model_dir = model_dir
-        self.created = int(time.time())
-        self.vocab = len(engine.tokenizer)
-
-    def check_model(self, requested: str | None) -> None:
-        if requested is not None and requested != self.name:
-            raise ApiError(
-                404, f"model '{requested}' is not served here; available: {self.name}.", param="model",
-                code="model_not_found",
-            )
-
-    def check_ids(self, ids: list[int], param: str) -> list[int]:
-        bad = [i for i in ids if not 0 <= i < self.vocab]
-        if bad:
-            raise ApiError(400, f"token ids {bad[:5]} are outside the vocabulary (0..{self.vocab - 1}).", param=param)
-        return ids
-
-    def max_tokens(self, requested: int | None, prompt_len: int, param: str = "max_tokens") -> int:
-        limit = self.profile.max_context
-        if prompt_len >= limit:
-            raise ApiError(
-                400, f"the prompt has {prompt_len} tokens; this model's context is {limit} tokens, "
-                "which must also hold at least one generated token.", param="prompt", code="context_length_exceeded",
-            )
-        if requested is None:
-            return min(self.profile.sampling.max_tokens, limit - prompt_len)
-        if requested <= 0:
-            raise ApiError(400, f"'{param}' must be at least 1; got {requested}.", param=param)
-        if prompt_len + requested > limit:
-            raise ApiError(
-                400, f"'{param}' is {requested} but the prompt has {prompt_len} tokens and the context is {limit}; "
-                f"at most {limit - prompt_len} tokens can be generated.", param=param, code="context_length_exceeded",
-            )
-        return requested
-
-    def params(self, body, max_tokens: int, stops: list[str], logprobs: int | None) -> GenParams:
-        sampling = self.profile.sampling
-        return GenParams(
-            max_tokens=max_tokens,
-            temperature=sampling.temperature if body.temperature is None else body.temperature,
-            top_p=sampling.top_p if body.top_p is None else body.top_p,
-            seed=sampling.seed if body.seed is None else body.seed,
-            stop=stops,
-            logprobs=logprobs,
-        )
-
-
-def logprobs_block(engine: Engine, scored: Scored | None, gen: Generated | None, offset0: int = 0) -> dict:
-    """OpenAI `logprobs` of a completion choice: echoed prompt tokens first (when scored), then generated."""
-    ids: list[int] = []
-    lps: list[float | None] = []
-    tops: list[dict | None] = []
-    if scored is not None:
-        ids, lps, tops = list(scored.tokens), list(scored.token_logprobs), list(scored.top_logprobs)
-    if gen is not None:
-        if scored is not None:  # the scored greedy token is replaced by the real generation
-            ids, lps, tops = ids[:-1], lps[:-1], tops[:-1]
-        ids += gen.tokens
-        lps += gen.token_logprobs
-        tops += gen.top_logprobs or [None] * len(gen.tokens)
-    text = [engine.token_text(i) for i in ids]
-    offsets, pos = [], offset0
-    for piece in text:
-        offsets.append(pos)
-        pos += len(piece)
-    top_text = [None if t is None else {engine.token_text(k): v for k, v in t.items()} for t in tops]
-    return {"tokens": text, "token_logprobs": lps, "top_logprobs": top_text, "text_offset": offsets}
-
-
-def sse(obj: dict | str) -> str:
-    return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
-
-
 def serve(model_dir: Path | str, profile: DeploymentProfile, *, host: str = "127.0.0.1", port: int = 8000,
-          model_name: str | None = None, threads: int | None = None) -> None:
-    """Run the server until interrupted (uvicorn, one process; the engine batches concurrent scoring)."""
-    import uvicorn
+          model_name: str | None = None, version: str | None = None, threads: int | None = None,
+          config: ServeConfig | None = None, keys=None) -> int:
+    """Run the server until SIGTERM/SIGINT; returns the exit code (0: every running request finished)."""
+    from evaluation.generation import Engine, default_threads
+    from evaluation.serving_signals import run_until_signal
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    from evaluation.generation import default_threads
-
-    engine = Engine(model_dir, threads=threads or default_threads())
-    app = create_app(model_dir, profile, model_name=model_name, engine=engine)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
-
-
-async def wait(future) -> object:
-    return await asyncio.wrap_future(future)
+    config = config or ServeConfig()
+    engine = Engine(model_dir, threads=threads or default_threads(), **engine_options(config))
+    app = create_app(model_dir, profile, model_name=model_name, engine=engine, version=version, config=config,
+                     keys=keys)
+    return run_until_signal(app, host=host, port=port, drain_timeout=config.drain_timeout)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 def register(stages) -> None:
     from evaluation.config import EvalConfig
+    from evaluation.serving_config import ServeConfig
 
     stages.add_section("eval", EvalConfig)
+    stages.add_section("serve", ServeConfig)
     stages.add_commands("evaluation", "evaluation.cli:register")

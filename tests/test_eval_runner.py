@@ -112,7 +112,8 @@ def test_eval_logs_suite_results_through_the_served_endpoint(registered):
     samples = {a.path for a in _client().list_artifacts(outcome.run_id, "eval/samples")}
     assert "eval/samples/biz_billing_gen.jsonl" in samples and len(samples) == 18
     log = Path(_client().download_artifacts(outcome.run_id, "eval/server.log")).read_text()
-    assert "request_id=" in log and "/v1/completions 200" in log and "/v1/chat/completions 200" in log
+    # one JSON access line per request (evaluation.serving_metrics.log_access)
+    assert '"route":"/v1/completions","status":200' in log and '"route":"/v1/chat/completions","status":200' in log
     from registry.versions import version_tags
 
     tags = version_tags("bot", registered["versions"][1])

@@ -38,9 +38,10 @@ def client(tiny_model, engine, profile):
 
 
 def test_health_models_and_tokenizer_info_describe_the_served_model(client, profile):
-    assert client.get("/health").json() == {"status": "ok", "model": "tiny", "profile_hash": profile.profile_hash()}
+    assert client.get("/health").json() == {"status": "ok", "model": "tiny", "version": "tiny"}
     models = client.get("/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["tiny"] and models["data"][0]["max_model_len"] == 256
+    assert models["data"][0]["profile_hash"] == profile.profile_hash()
     info = client.get("/tokenizer_info").json()
     assert info["eos_token"] == "<|im_end|>" and info["chat_template_hash"] == profile.chat_template_hash
     tokens = client.post("/tokenize", json={"prompt": "hello world"}).json()["tokens"]
@@ -76,10 +77,11 @@ def test_string_prompts_are_tokenized_without_bos(client, engine):
 
 def test_profile_supplies_system_prompt_and_sampling_defaults(client, engine, profile):
     from evaluation.api_schema import ChatRequest
-    from evaluation.completions import chat_ids
+    from evaluation.completions import View, chat_ids
+    from evaluation.serving_config import ServeConfig
 
-    state = client.app.state.serving
-    ids = chat_ids(state, ChatRequest(messages=[{"role": "user", "content": "Where is my order?"}]))
+    view = View("tiny", client.app.state.slot.current, ServeConfig())
+    ids = chat_ids(view, ChatRequest(messages=[{"role": "user", "content": "Where is my order?"}]))
     assert profile.system_prompt in engine.tokenizer.decode(ids)
     out = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}]}).json()
     assert out["usage"]["completion_tokens"] <= profile.sampling.max_tokens  # the profile's default length

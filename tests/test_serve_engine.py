@@ -96,3 +96,13 @@ def test_prompts_sharing_a_context_score_as_if_alone(engine):
         assert got.token_logprobs[1:] == pytest.approx(want.token_logprobs[1:], abs=1e-5)
         for a, b in zip(got.top_logprobs[1:], want.top_logprobs[1:], strict=True):
             assert list(a) == list(b) and list(a.values()) == pytest.approx(list(b.values()), abs=1e-5)
+
+
+def test_streaming_holds_back_only_text_that_could_still_become_a_stop_string():
+    from evaluation.decoding import held_back
+
+    stops = ["<|im_end|>", "\n\n"]
+    assert held_back("Your parcel ships today", stops) == 0  # nothing waits for a stop that cannot start here
+    assert held_back("Your parcel ships <|im", stops) == 4
+    assert held_back("Line one\n", stops) == 1
+    assert held_back("", stops) == 0 and held_back("abc", []) == 0

@@ -51,3 +51,32 @@ def test_openai_client_raises_typed_errors_for_bad_requests(client):
         client.chat.completions.create(model="tiny", messages=[], max_tokens=1)
     assert "messages" in str(info.value)
     assert client.completions.create(model="tiny", prompt="ok", max_tokens=1).choices
+
+
+def test_openai_client_retrieves_the_model_and_gets_usage_only_when_asked(client):
+    assert client.models.retrieve("tiny").id == "tiny"
+    messages = [{"role": "user", "content": "Hi"}]
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
+    assert all(c.usage is None for c in chunks[:-1])
+    plain = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, stream=True))
+    assert all(c.usage is None and c.choices for c in plain)
+
+
+def test_openai_client_streams_chat_logprobs(client):
+    stream = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
+                                            temperature=0, stream=True, logprobs=True, top_logprobs=2)
+    entries = [e for chunk in stream if chunk.choices and chunk.choices[0].logprobs
+               for e in chunk.choices[0].logprobs.content]
+    assert entries and all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in entries)
+
+
+def test_openai_client_sees_unsupported_fields_as_bad_requests(client):
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="not supported"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=1,
+                                       response_format={"type": "json_object"})
+    with pytest.raises(openai.BadRequestError, match="not supported"):
+        client.completions.create(model="tiny", prompt="x", max_tokens=1, n=2)

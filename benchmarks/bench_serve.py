@@ -1,0 +1,211 @@
+"""Load benchmark of `mlops serve` (asyncio + httpx against a server subprocess started here, with an API key).
+
+1. Streaming chat at concurrency 1, 8, 32: completion tokens/s, p50/p95/p99 latency and time to first token.
+2. The same at concurrency 8 with 5% poison requests mixed in (64-bit overflow, lone surrogates, NaN, booleans
+   as integers, unsupported fields, degenerate temperatures): goal 0 innocent failures and no 500.
+3. 64 streams of which a third disconnect after a few chunks, against the same surviving streams alone:
+   goal: the survivors' throughput does not drop (ratio >= ~0.9) and the server's RSS comes back within 10%.
+
+Traffic goes only to a server this script starts on 127.0.0.1. The load average is printed before and after:
+on a shared 2-core machine only runs that start quiet are comparable.
+
+    python benchmarks/bench_serve.py                     # tiny model, short (~1-2 min)
+    python benchmarks/bench_serve.py --models tiny,smollm2 --requests 64 --max-tokens 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+CHAT = "/v1/chat/completions"
+POISON = [  # (raw JSON body, what it tests); every one must fail alone (400) or be served (200), never 500
+    ('{"messages": [{"role": "user", "content": "hi"}], "seed": 18446744073709551616}', "seed beyond 64 bits"),
+    ('{"messages": [{"role": "user", "content": "bad \\ud800 text"}]}', "lone surrogate"),
+    ('{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', "NaN temperature"),
+    ('{"messages": [{"role": "user", "content": "hi"}], "max_tokens": true}', "boolean as integer"),
+    ('{"messages": [{"role": "user", "content": "hi"}], "temperature": 1e-300, "max_tokens": 8}', "tiny temperature"),
+    ('{"messages": [{"role": "user", "content": "hi"}], "n": 3}', "unsupported n"),
+    ('{"messages": [{"role": "user", "content": "hi"}], "top_p": 1e-300, "temperature": 2, "max_tokens": 8}',
+     "degenerate top_p"),
+]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))] if ordered else float("nan")
+
+
+def _body(i: int, max_tokens: int) -> dict:
+    return {"model": "bench", "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": f"Question {i}: where is my order and when will it arrive?"}]}
+
+
+async def _stream(client, body: dict, disconnect_after: int | None = None) -> dict:
+    started = time.perf_counter()
+    out = {"status": None, "ttft": None, "tokens": 0, "done": False, "latency": None}
+    chunks = 0
+    async with client.stream("POST", CHAT, json=body) as response:
+        out["status"] = response.status_code
+        if response.status_code != 200:
+            await response.aread()
+            return out
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[len("data: "):]
+            if data == "[DONE]":
+                out["done"] = True
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                out["status"] = "error-in-stream"
+                break
+            if not chunk["choices"] and chunk.get("usage"):
+                out["tokens"] = chunk["usage"]["completion_tokens"]
+            elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                chunks += 1
+                if out["ttft"] is None:
+                    out["ttft"] = time.perf_counter() - started
+                if disconnect_after and chunks >= disconnect_after:
+                    out["status"] = "disconnected"
+                    break  # leaving the block closes the connection mid-stream
+    out["latency"] = time.perf_counter() - started
+    return out
+
+
+async def _raw(client, raw: str) -> int:
+    response = await client.post(CHAT, content=raw.encode(), headers={"content-type": "application/json"})
+    return response.status_code
+
+
+async def _level(client, concurrency: int, requests: int, max_tokens: int, poison_share: float = 0.0) -> dict:
+    gate = asyncio.Semaphore(concurrency)
+    every = round(1 / poison_share) if poison_share else 0  # 5%: every 20th request, spread through the run
+    plan = ["poison" if every and i % every == every - 1 else "innocent" for i in range(requests)]
+
+    async def one(i: int, kind: str):
+        async with gate:
+            if kind == "poison":
+                raw, label = POISON[(i // every) % len(POISON)]
+                return kind, label, await _raw(client, raw)
+            return kind, None, await _stream(client, _body(i, max_tokens))
+
+    started = time.perf_counter()
+    results = await asyncio.gather(*(one(i, k) for i, k in enumerate(plan)))
+    wall = time.perf_counter() - started
+    innocent = [r for kind, _, r in results if kind == "innocent"]
+    good = [r for r in innocent if r["status"] == 200 and r["done"]]
+    poison = [(label, code) for kind, label, code in results if kind == "poison"]
+    return {
+        "concurrency": concurrency, "requests": requests, "wall_s": wall,
+        "tokens_per_s": sum(r["tokens"] for r in good) / wall,
+        "p50_ms": 1000 * _percentile([r["latency"] for r in good], 50),
+        "p95_ms": 1000 * _percentile([r["latency"] for r in good], 95),
+        "p99_ms": 1000 * _percentile([r["latency"] for r in good], 99),
+        "ttft_p50_ms": 1000 * _percentile([r["ttft"] for r in good if r["ttft"]], 50),
+        "ttft_p95_ms": 1000 * _percentile([r["ttft"] for r in good if r["ttft"]], 95),
+        "ttft_p99_ms": 1000 * _percentile([r["ttft"] for r in good if r["ttft"]], 99),
+        "innocent_failures": len(innocent) - len(good), "poison": poison,
+        "poison_500s": sum(1 for _, code in poison if code >= 500),
+    }
+
+
+async def _disconnects(client, rss, streams: int, max_tokens: int) -> dict:
+    survivors = streams - streams // 3
+
+    async def run(n_total: int, n_leaving: int) -> tuple[float, list]:
+        started = time.perf_counter()
+        results = await asyncio.gather(*(
+            _stream(client, _body(i, max_tokens), disconnect_after=3 if i < n_leaving else None)
+            for i in range(n_total)))
+        kept = [r for r in results if r["status"] != "disconnected"]
+        return time.perf_counter() - started, kept
+
+    base_wall, base = await run(survivors, 0)
+    before = rss()
+    wall, kept = await run(streams, streams // 3)
+    await asyncio.sleep(2.0)  # let cancelled rows leave the engine
+    after = rss()
+    base_tps = sum(r["tokens"] for r in base) / base_wall
+    tps = sum(r["tokens"] for r in kept) / wall
+    return {"streams": streams, "leaving": streams // 3, "survivor_tokens_per_s": tps,
+            "alone_tokens_per_s": base_tps, "ratio": tps / base_tps if base_tps else float("nan"),
+            "survivor_failures": sum(1 for r in kept if not (r["status"] == 200 and r["done"])),
+            "rss_before_mb": before / 2**20, "rss_after_mb": after / 2**20, "rss_ratio": after / before}
+
+
+async def _bench(server, args) -> dict:
+    import httpx
+    import psutil
+
+    proc = psutil.Process(server.proc.pid)
+    limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
+    async with httpx.AsyncClient(base_url=server.url, headers=server.headers, timeout=600, limits=limits) as client:
+        await _stream(client, _body(0, args.max_tokens))  # warm up
+        levels = [await _level(client, c, max(args.requests, c), args.max_tokens) for c in (1, 8, 32)]
+        # enough requests that every poison kind appears once at 5%
+        poisoned = await _level(client, 8, max(args.requests, 20 * len(POISON)), args.max_tokens, poison_share=0.05)
+        leaving = await _disconnects(client, lambda: proc.memory_info().rss, 64, args.max_tokens * 4)
+    return {"levels": levels, "poison": poisoned, "disconnects": leaving}
+
+
+def _print(name: str, report: dict) -> None:
+    for r in report["levels"]:
+        print(f"{name:8} c={r['concurrency']:<2} {r['tokens_per_s']:8.1f} tok/s  latency p50/p95/p99 "
+              f"{r['p50_ms']:6.0f}/{r['p95_ms']:6.0f}/{r['p99_ms']:6.0f} ms  TTFT p50/p95/p99 "
+              f"{r['ttft_p50_ms']:6.0f}/{r['ttft_p95_ms']:6.0f}/{r['ttft_p99_ms']:6.0f} ms  "
+              f"failures {r['innocent_failures']}")
+    p = report["poison"]
+    codes: dict = {}
+    for label, code in p["poison"]:
+        codes.setdefault(f"{label} -> {code}", 0)
+        codes[f"{label} -> {code}"] += 1
+    print(f"{name:8} poison 5% at c=8: {p['tokens_per_s']:.1f} tok/s, innocent failures {p['innocent_failures']} "
+          f"(goal 0), poison 500s {p['poison_500s']} (goal 0); {', '.join(sorted(codes))}")
+    d = report["disconnects"]
+    print(f"{name:8} {d['streams']} streams, {d['leaving']} leave mid-stream: survivors {d['survivor_tokens_per_s']:.1f} "
+          f"tok/s vs {d['alone_tokens_per_s']:.1f} alone (ratio {d['ratio']:.2f}, goal >= 0.9), survivor failures "
+          f"{d['survivor_failures']}; RSS {d['rss_before_mb']:.0f} -> {d['rss_after_mb']:.0f} MB "
+          f"(ratio {d['rss_ratio']:.2f}, goal <= 1.10)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="tiny", help="comma-separated: tiny, smollm2 or HF folders")
+    parser.add_argument("--requests", type=int, default=16, help="requests per concurrency level (at least c)")
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--json", type=Path, help="also write the report here")
+    args = parser.parse_args()
+    from evaluation.profile import load_profile
+
+    from evaluation.process import ServerProcess
+    from mlops.base_models import ensure_base_model
+
+    print(f"load average before: {os.getloadavg()}")
+    report = {}
+    for name in [m for m in args.models.split(",") if m]:
+        path = name if Path(name).is_dir() else ensure_base_model(name)["path"]
+        work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+        profile_file = load_profile(path).save_as(work / "profile.yaml")
+        with ServerProcess(Path(path), profile_file, "bench", work / "server.log") as server:
+            server.start(600)
+            report[name] = asyncio.run(_bench(server, args))
+        _print(name, report[name])
+        print(f"server log: {work / 'server.log'}")
+    print(f"load average after: {os.getloadavg()}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    bad = sum(r["poison"]["innocent_failures"] + r["poison"]["poison_500s"] + r["disconnects"]["survivor_failures"]
+              + sum(level["innocent_failures"] for level in r["levels"]) for r in report.values())
+    raise SystemExit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
