@@ -35,6 +35,9 @@ def serve(
     no_auth: bool = typer.Option(False, "--no-auth", help="serve without API keys (loopback hosts only, local use)"),
     keys_file: Path | None = typer.Option(None, help="hashed API keys file (default: serve.auth.keys_file)"),
     drain_timeout: float | None = typer.Option(None, min=0, help="seconds SIGTERM waits for running requests"),
+    follow: bool = typer.Option(False, "--follow", help="follow the alias in --model: swap to the version the "
+                                "registry's ledger moves it to (promotion, rollback)"),
+    poll_interval: float = typer.Option(1.0, min=0.1, help="seconds between registry checks with --follow"),
     config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file (its serve: section)"),
     overrides: list[str] | None = typer.Argument(None, help="key=value overrides, e.g. serve.max_prompts=32",
                                                  show_default=False),
@@ -44,12 +47,14 @@ def serve(
     from evaluation.serving_config import ServeConfig
     from mlops.cli_options import load
     from mlops.model_refs import resolve_model_ref
+    from mlops.profile import ProfileMismatchError, check_template, choose_eval_profile, read_profile
 
     cfg = load(config, overrides)
     serve_cfg = cfg.serve or ServeConfig()
     if drain_timeout is not None:
         serve_cfg = serve_cfg.model_copy(update={"drain_timeout": drain_timeout})
-    resolved = resolve_model_ref(model)
+    follower = _follower(model, poll_interval) if follow else None
+    resolved = resolve_model_ref(f"models:/{follower.model}/{follower.target()}" if follower else model)
     chosen, diffs = choose_eval_profile(resolved.profile(), read_profile(profile) if profile else None,
                                         force=force_profile)
     problem = check_template(chosen, resolved.hf_dir)
@@ -61,9 +66,32 @@ def serve(
     served = name or resolved.served_name
     typer.echo(f"serving {served} ({resolved.hf_dir}) on http://{host}:{port}/v1, profile {chosen.profile_hash()}, "
                f"auth {'OFF' if keys is None else f'on ({keys.count()} keys in {keys.path})'}", err=True)
+    if follower:
+        served = name or f"{follower.model}@{follower.alias}"
+        typer.echo(f"following {follower.model}@{follower.alias} in the registry's ledger every {poll_interval:g} s",
+                   err=True)
     code = run_server(resolved.hf_dir, chosen, host=host, port=port, model_name=served,
-                      version=resolved.version or resolved.served_name, threads=threads, config=serve_cfg, keys=keys)
+                      version=resolved.version or resolved.served_name, threads=threads, config=serve_cfg, keys=keys,
+                      on_app=(lambda app: follower.attach(app.state.slot).start()) if follower else None)
     raise typer.Exit(code)
+
+
+def _follower(model: str, interval: float):
+    """A registry follower for `models:/<name>@<alias>`, refusing refs that name no alias or no version yet."""
+    from mlops.errors import ConfigError, NotFoundError
+    from mlops.model_refs import MODELS_RE
+    from registry.follow import Follower
+
+    match = MODELS_RE.match(model.strip())
+    if not match or not match["alias"]:
+        raise ConfigError(f"--follow needs --model models:/<name>@<alias>, got '{model}'. Fix: e.g. "
+                          "--model models:/support-bot@production --follow.")
+    follower = Follower(match["name"], match["alias"], slot=None, interval=interval)
+    if follower.target() is None:
+        raise NotFoundError(f"no version of '{match['name']}' holds @{match['alias']} in the registry's ledger. "
+                            f"Fix: promote one first (`mlops registry promote {match['name']} <version> --to "
+                            f"{match['alias']}`).")
+    return follower
 
 
 def _key_store(serve_cfg, keys_file: Path | None, no_auth: bool, host: str):

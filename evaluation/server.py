@@ -205,7 +205,7 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None):
 
 def serve(model_dir: Path | str, profile: DeploymentProfile, *, host: str = "127.0.0.1", port: int = 8000,
           model_name: str | None = None, version: str | None = None, threads: int | None = None,
-          config: ServeConfig | None = None, keys=None) -> int:
+          config: ServeConfig | None = None, keys=None, on_app=None) -> int:
     """Run the server until SIGTERM/SIGINT; returns the exit code (0: every running request finished)."""
     from evaluation.generation import Engine, default_threads
     from evaluation.serving_signals import run_until_signal
@@ -215,4 +215,6 @@ def serve(model_dir: Path | str, profile: DeploymentProfile, *, host: str = "127
     engine = Engine(model_dir, threads=threads or default_threads(), **engine_options(config))
     app = create_app(model_dir, profile, model_name=model_name, engine=engine, version=version, config=config,
                      keys=keys)
+    if on_app is not None:  # e.g. a registry follower that swaps versions into app.state.slot
+        on_app(app)
     return run_until_signal(app, host=host, port=port, drain_timeout=config.drain_timeout)

@@ -81,6 +81,10 @@ class Follower:
                  target, previous or "nothing", switch.seconds)
         return switch
 
+    def attach(self, slot) -> Follower:
+        self.slot = slot
+        return self
+
     def poke(self) -> None:
         """Check now (a registry webhook arrived) instead of at the next interval."""
         self._wake.set()

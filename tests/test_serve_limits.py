@@ -8,7 +8,8 @@ import threading
 import time
 
 import pytest
-from evaluation.profile import load_profile
+
+from mlops.profile import load_profile
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from evaluation.profile import SamplingParams, load_profile
+
+from mlops.profile import SamplingParams, load_profile
 
 
 @pytest.fixture(scope="module")
