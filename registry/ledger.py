@@ -97,6 +97,10 @@ def engine(url: str | None = None):
     import sqlalchemy as sa
 
     if url.startswith("sqlite"):
+        if url.startswith("sqlite:///"):
+            from pathlib import Path
+
+            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         eng = sa.create_engine(url, connect_args={"timeout": 30, "isolation_level": None},
                                poolclass=sa.pool.NullPool)
 

@@ -65,6 +65,9 @@ class ModelState:
     aliases: dict[str, str] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     production_stack: list[str] = field(default_factory=list)  # promotions push, rollbacks pop
+    # A running canary: {"version", "share", "until" (epoch s), "seq", "by"}; serving that follows the model
+    # routes `share` of its traffic to that version while it is set.
+    canary: dict | None = None
     last_seq: int = 0
 
     def stage_of(self, version: str) -> str | None:
@@ -154,12 +157,22 @@ def _override(state: ModelState, e: Entry) -> None:
                                                     "reason": e.reason, "ts": e.ts, "seq": e.seq})
 
 
+def _canary_start(state: ModelState, e: Entry) -> None:
+    state.canary = {"version": e.version, "share": float(e.evidence.get("share", 0.0)),
+                    "until": e.evidence.get("until"), "seq": e.seq, "by": e.actor}
+
+
+def _canary_stop(state: ModelState, e: Entry) -> None:
+    state.canary = None
+
+
 def _reconcile(state: ModelState, e: Entry) -> None:
     """Reconcile repairs the display copies to the ledger's word; the state itself does not change."""
 
 
 _HANDLERS = {"register": _register, "request": _request, "approve": _decide, "reject": _decide,
-             "promote": _move, "rollback": _move, "override": _override, "reconcile": _reconcile}
+             "promote": _move, "rollback": _move, "override": _override, "reconcile": _reconcile,
+             "canary_start": _canary_start, "canary_stop": _canary_stop}
 
 
 def rollback_target(state: ModelState) -> str | None:
