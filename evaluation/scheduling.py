@@ -159,7 +159,7 @@ class GenerationQueue:
                     self._finish(row)
                 self.engine.last_progress = time.monotonic()
                 steps += 1
-                if steps >= self.engine.slice_steps and self.engine.others_waiting():
+                if self._turn_over(batch, steps):
                     break
         except Exception as err:  # noqa: BLE001 - a forward pass failed: find the row that fails alone
             self.batch = None
@@ -167,6 +167,17 @@ class GenerationQueue:
             return
         if batch.done():
             self.batch = None
+
+    def _turn_over(self, batch: Batch, steps: int) -> bool:
+        """Others wait and this batch should let them in: after a slice; sooner (a quarter slice) while the
+        batch has room for newcomers, which bounds their time to first token; at once when a quarter of its
+        rows have finished (left, stopped), so their places do not ride along empty."""
+        if not self.engine.others_waiting():
+            return False
+        finished = sum(1 for row in batch.rows if row.finish)
+        room = len(batch.rows) - finished < self.engine.max_gen_batch and bool(self.waiting)
+        limit = max(1, self.engine.slice_steps // 4) if room else self.engine.slice_steps
+        return steps >= limit or 4 * finished >= len(batch.rows)
 
     def _plan(self, running: list) -> list:
         """Rows of the next slice: waiting rows first (they have waited), then the running ones; at most

@@ -15,7 +15,7 @@ prepends BOS would shift loglikelihoods by several nats.
 import contextlib
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from evaluation.api_schema import ApiError, DetokenizeRequest, TokenizeRequest, parse_body
@@ -37,7 +37,6 @@ class ServerContext:
     keys: object | None = None  # serving_auth.KeyStore; None: no auth
     draining: bool = False
     cut: int = 0  # requests cut by the drain timeout
-    extra: dict = field(default_factory=dict)
 
 
 def engine_options(config: ServeConfig) -> dict:

@@ -74,7 +74,7 @@ def test_a_forward_pass_that_fails_is_retried_per_member_and_fails_only_the_culp
 
 def test_a_short_generation_overtakes_a_long_one_that_started_first(engine):
     finished: list[str] = []
-    long = engine.generate([1, 2, 3], GenParams(max_tokens=300))
+    long = engine.generate([1, 2, 3], GenParams(max_tokens=120))
     long.future.add_done_callback(lambda _f: finished.append("long"))
     first = threading.Event()
     probe = engine.generate([4, 5], GenParams(max_tokens=1), on_text=lambda _d: first.set())
