@@ -7,7 +7,6 @@ exactly what the checkpoint holds.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -101,7 +100,10 @@ def finish(run):
             run.trace.flush()
             tracker.log_artifact(run.trace.path, "trace")
         if t.final_model:
-            (prep.ckpt_dir / FINAL).write_text(json.dumps(result.as_dict(), indent=2))
+            from training.checkpoint import atomic_json
+
+            # The hash tells a rerun of this exact config (nothing to do) from a changed one (resume and go on).
+            atomic_json(prep.ckpt_dir / FINAL, {**result.as_dict(), "config_hash": prep.config_hash})
         tracker.close("FINISHED")
     return result
 
