@@ -77,7 +77,7 @@ def finish(run):
 
     prep, t, tracker = run.prep, run.t, run.tracker
     ckpt = run.saver.last_complete
-    loss = run.losses[-1] if run.losses else run.last_metrics.get("loss", math.nan)
+    loss = run.losses[-1] if run.losses else run.last_loss if run.last_loss is not None else math.nan
     metrics = {"loss": loss, **run.val, "tokens_seen": float(run.tokens_seen), "steps": float(run.step),
                **trajectory(run.losses, run.step_tokens, run.step_seconds)}
     if prep.smoke:

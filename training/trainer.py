@@ -102,7 +102,7 @@ class _Run:
         self.step_seconds = 0.0
         self.trace = None
         self.heartbeat = None
-        self.val_state: dict = {}
+        self.last_loss: float | None = None  # the last step's loss before this process (from the checkpoint)
 
     # ----------------------------------------------------------------- setup
 
@@ -212,6 +212,7 @@ class _Run:
         self.tokens_seen = int(state.get("tokens_seen", 0))
         self.last_metrics = dict(state.get("last_metrics", {}))
         self.val = dict(state.get("val", {}))  # a resume at the last step still reports its val_loss
+        self.last_loss = state.get("loss")
         applied = resume.apply(self.engine, self.t, prep.changes)
         self.resume_s = time.perf_counter() - started
         self.saver.last_complete = prep.resume_from
@@ -319,6 +320,7 @@ class _Run:
                 "global_batch": self.prep.global_batch}
         client = {"step": self.step, "tokens_seen": self.tokens_seen, "data": data, "rng": rngs,
                   "spike_history": self.spike.state(), "world_size": self.world.size, "val": self.val,
+                  "loss": self.losses[-1] if self.losses else self.last_loss,
                   "last_metrics": self.last_metrics, "universal_checkpoint_info": {"universal_checkpoint_version": 0.2}}
         fields = {"tokens_seen": self.tokens_seen, "world_size": self.world.size, "zero_stage": self.t.zero_stage,
                   "data": data, "global_batch": self.prep.global_batch}
