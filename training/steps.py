@@ -104,8 +104,8 @@ def incident(run, step: int, reason: str, batch, loss: float, grad_norm: float, 
         "step_applied": applied,
     }
     when = f"after optimizer step {step}, before any checkpoint of it" if applied else f"before optimizer step {step}"
-    resume = (f"then rerun with train.checkpoint.resume={last_good}: it resumes there with the change applied and "
-              "recorded in resume.json") if last_good else "then rerun: no checkpoint was written yet"
+    resume = (f"then rerun with train.checkpoint.dir={last_good.parent}: it resumes from {last_good.name} with the "
+              "change applied and recorded in resume.json") if last_good else "then rerun: no checkpoint was written yet"
     message = (f"training stopped {when}: {reason}. Last good checkpoint: {last_good or 'none'}. Fix: inspect the "
                f"incident's sample ids, lower train.lr (now {run.t.lr:g}) or raise train.warmup_steps, {resume}.")
     if run.rank0:

@@ -189,9 +189,10 @@ def save_estimate(run) -> float:
     return 2 * size / 100e6
 
 
-def stop_on_notice(run) -> None:
-    """Every rank, after the step in which they agreed on a stop notice: checkpoint if the grace period allows,
-    close the run KILLED with the reason, raise Preempted."""
+def stop_on_notice(run, *, step_ran: bool = True) -> None:
+    """Every rank, after the step in which they agreed on a stop notice (or before the first step, when the
+    notice came during setup): checkpoint if the grace period allows, close the run KILLED with the reason,
+    raise Preempted."""
     from mlops.lineage import Tag
     from training.saver import any_rank
 
@@ -200,7 +201,7 @@ def stop_on_notice(run) -> None:
     estimate = save_estimate(run)
     left = grace - STOP.elapsed()
     saved = None
-    if not any_rank(1.5 * estimate > left):
+    if step_ran and not any_rank(1.5 * estimate > left):
         run._save()
         run.saver.wait()
         saved = run.saver.dir / f"step-{run.step:08d}"
@@ -209,6 +210,9 @@ def stop_on_notice(run) -> None:
     if saved is not None:
         what = f"checkpoint {saved.name} written {STOP.elapsed():.1f} s after the notice (grace {grace:g} s)"
         resume = f"it resumes from step {run.step}"
+    elif not step_ran:
+        what = "the notice came before the first step, nothing to save"
+        resume = f"it resumes from {previous.name}" if previous else "it starts over"
     else:
         what = (f"no checkpoint: a save takes about {estimate:.1f} s and {max(left, 0):.1f} s of the {grace:g} s "
                 "grace period (train.checkpoint.grace_seconds) were left")

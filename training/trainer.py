@@ -245,6 +245,11 @@ class _Run:
         window = Window()
         bar = self._progress()
         self.last_save = time.monotonic()
+        from training.saver import any_rank
+        from training.stopping import STOP, stop_on_notice
+
+        if any_rank(STOP.requested):  # the notice came during setup: there is no step to finish
+            stop_on_notice(self, step_ran=False)
         try:
             while self.step < t.max_steps:
                 out = run_step(self, window)
@@ -257,8 +262,6 @@ class _Run:
                 if self.step % self.prep.cfg.run.log_every == 0 or self.step == t.max_steps or out["preempt"]:
                     self._flush(window, bar)
                 if out["preempt"]:
-                    from training.stopping import stop_on_notice
-
                     if self.step == t.max_steps:
                         self._maybe_validate()  # the final metrics, which a resume at this step reports
                     stop_on_notice(self)  # raises Preempted
