@@ -109,7 +109,54 @@ def summary(changes: dict[str, tuple]) -> str:
     return "; ".join(f"{k}: {_show(a)} -> {_show(b)}" for k, (a, b) in changes.items())
 
 
-# --------------------------------------------------------------------------- applying changes
+# --------------------------------------------------------------------------- loading and applying changes
+
+
+def load(run) -> dict:
+    """Load the checkpoint into a training run's engine (every rank), restore its counters, metrics and RNG,
+    apply the changed settings and (rank 0) record the resume. Returns the checkpoint's client state."""
+    import torch.distributed as dist
+
+    from mlops.errors import MLOpsError
+    from training.checkpoint import set_rng_state, to_universal
+
+    prep = run.prep
+    started = time.perf_counter()
+    load_dir, tag = prep.resume_from.parent, prep.resume_from.name
+    if prep.universal:
+        if run.rank0:
+            to_universal(prep.resume_from)
+        dist.barrier()
+        load_dir = prep.resume_from.parent / "universal"
+    path, state = run.engine.load_checkpoint(str(load_dir), tag=tag, load_module_strict=run.t.mode != "lora")
+    if path is None:
+        raise MLOpsError(f"DeepSpeed could not load checkpoint {prep.resume_from}. Fix: set "
+                         "train.checkpoint.resume=none to start over, or point it at another checkpoint.")
+    state = state or {}
+    rngs = state.get("rng") or []
+    if run.world.rank < len(rngs):
+        set_rng_state(rngs[run.world.rank])
+    run.step = int(state.get("step", 0))
+    run.tokens_seen = int(state.get("tokens_seen", 0))
+    run.last_metrics = dict(state.get("last_metrics", {}))
+    run.val = dict(state.get("val", {}))  # a resume at the last step still reports its val_loss
+    run.last_loss = state.get("loss")
+    applied = apply(run.engine, run.t, prep.changes)
+    run.resume_s = time.perf_counter() - started
+    run.saver.last_complete = prep.resume_from
+    run.tracker.log_metrics({"resume_load_s": run.resume_s}, run.step)
+    if run.rank0:
+        m = prep.resume_manifest
+        ledger = record(prep.ckpt_dir, {
+            "step": run.step, "checkpoint": str(prep.resume_from), "from_run": m.get("run_id"),
+            "run": run.tracker.run_id, "from_config_hash": m.get("config_hash"), "config_hash": prep.config_hash,
+            "world_size": {"from": m.get("world_size"), "to": prep.world_size},
+            "changes": as_record(prep.changes), "applied": applied})
+        run.tracker.log_dict({"resumes": ledger}, LEDGER)
+        changed = f" with changes: {summary(prep.changes)}" if prep.changes else ""
+        print(f"resumed from {prep.resume_from} at step {run.step} in {run.resume_s:.2f} s{changed}", flush=True)
+    return state
+
 
 
 def apply(engine, t, changes: dict[str, tuple]) -> dict:

@@ -135,7 +135,12 @@ class _Run:
         self.saver = self._saver()
         if self.rank0:
             self.heartbeat = Heartbeat(self.tracker, t.heartbeat_seconds).start()
-        state = self._resume() if resuming else {}
+        if resuming:
+            from training.resume import load
+
+            state = load(self)
+        else:
+            state = {}
         self.batches = RankBatches(self.reader, seed=seed, micro=prep.micro, accum=prep.accum, world=w.size,
                                    rank=w.rank, start=int(state.get("data", {}).get("position", 0)),
                                    max_len=t.max_seq_len)
@@ -183,57 +188,6 @@ class _Run:
         tr.log_input(prep.snapshot_id, prep.snapshot_id, str(prep.snapshot_dir))
         tr.log_dict(self.plan, "plan.json")
         tr.log_metrics({f"plan/{k}": float(v) for k, v in self.plan.items()}, self.step)
-
-    def _resume(self) -> dict:
-        import torch.distributed as dist
-
-        from training import resume
-        from training.checkpoint import set_rng_state, to_universal
-
-        prep = self.prep
-        started = time.perf_counter()
-        load_dir, tag = prep.resume_from.parent, prep.resume_from.name
-        if prep.universal:
-            if self.rank0:
-                load_dir, tag = to_universal(prep.resume_from)
-            dist.barrier()
-            load_dir, tag = prep.resume_from.parent / "universal", prep.resume_from.name
-        path, state = self.engine.load_checkpoint(str(load_dir), tag=tag, load_module_strict=self.t.mode != "lora")
-        if path is None:
-            from mlops.errors import MLOpsError
-
-            raise MLOpsError(f"DeepSpeed could not load checkpoint {prep.resume_from}. Fix: set "
-                             "train.checkpoint.resume=never to start over, or point it at another checkpoint.")
-        state = state or {}
-        rngs = state.get("rng") or []
-        if self.world.rank < len(rngs):
-            set_rng_state(rngs[self.world.rank])
-        self.step = int(state.get("step", 0))
-        self.tokens_seen = int(state.get("tokens_seen", 0))
-        self.last_metrics = dict(state.get("last_metrics", {}))
-        self.val = dict(state.get("val", {}))  # a resume at the last step still reports its val_loss
-        self.last_loss = state.get("loss")
-        applied = resume.apply(self.engine, self.t, prep.changes)
-        self.resume_s = time.perf_counter() - started
-        self.saver.last_complete = prep.resume_from
-        self.tracker.log_metrics({"resume_load_s": self.resume_s}, self.step)
-        if self.rank0:
-            self._record_resume(applied)
-        return state
-
-    def _record_resume(self, applied: dict) -> None:
-        from training import resume
-
-        prep = self.prep
-        m = prep.resume_manifest
-        ledger = resume.record(prep.ckpt_dir, {
-            "step": self.step, "checkpoint": str(prep.resume_from), "from_run": m.get("run_id"),
-            "run": self.tracker.run_id, "from_config_hash": m.get("config_hash"), "config_hash": prep.config_hash,
-            "world_size": {"from": m.get("world_size"), "to": prep.world_size},
-            "changes": resume.as_record(prep.changes), "applied": applied})
-        self.tracker.log_dict({"resumes": ledger}, resume.LEDGER)
-        changed = f" with changes: {resume.summary(prep.changes)}" if prep.changes else ""
-        print(f"resumed from {prep.resume_from} at step {self.step} in {self.resume_s:.2f} s{changed}", flush=True)
 
     # ----------------------------------------------------------------- the loop
 
