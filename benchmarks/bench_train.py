@@ -9,6 +9,11 @@
 2. Checkpoint save time (what the step loop waits for) against `torch.save` of the very same objects
    DeepSpeed wrote (goal <= 1.3), plus the manifest's hashing time and resume-to-first-step time.
 3. MFU against the measured fp32 matmul peak of this machine: tiny model (full) and SmolLM2-135M LoRA.
+4. What resilience costs: the finite-weights check after every optimizer step (step time with and without it,
+   goal <= 1.03), the durable commit of a checkpoint (fsync of files and folders, off the step loop), and the
+   time from a SIGTERM to a checkpoint on disk and the process on its way out.
+
+The load average is printed before and after: trust only runs that started quiet.
 """
 
 from __future__ import annotations
@@ -138,6 +143,43 @@ def bench_checkpoint(base: list[str], tmp: Path) -> None:
               f"{metrics['start_to_first_step_s']:.2f} s")
 
 
+def bench_resilience(base: list[str], steps: int, repeats: int, tmp: Path) -> None:
+    import re
+
+    from training.saver import fsync_tree
+    from training.stopping import Preempted, graceful_signals
+
+    print(f"\n== resilience: finite-weights check, durable commit, SIGTERM to checkpoint ({steps} steps) ==")
+    run = [*base, "train.zero_stage=0", f"train.max_steps={steps}", "train.checkpoint_every=100000",
+           "train.eval_every=100000", "train.final_model=false", f"run.log_every={steps}"]
+    checked, unchecked = [], []
+    for i in range(repeats):  # alternate, keep the best of each
+        unchecked.append(stack_run([*run, "train.guards.finite_weights=false"], tmp, f"nf{i}")[0])
+        checked.append(stack_run([*run, "train.guards.finite_weights=true"], tmp, f"f{i}")[0])
+    for kind, pos in (("wall", 0), ("cpu", 1)):
+        on, off = min(x[pos] for x in checked), min(x[pos] for x in unchecked)
+        verdict = "ok" if on / off <= 1.03 else "over goal"
+        print(f"finite-weights check {kind:4}: {on * 1e3:.1f} vs {off * 1e3:.1f} ms/step, ratio {on / off:.3f} "
+              f"(goal <= 1.03) {verdict}")
+    folder = next((tmp / "f0").glob("step-*"))
+    times = []
+    for _ in range(5):
+        started = time.perf_counter()
+        fsync_tree(folder)
+        times.append(time.perf_counter() - started)
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    print(f"durable commit: fsync of {size / 2**20:.1f} MiB of checkpoint files and folders {min(times) * 1e3:.1f} ms "
+          "(best of 5, in the background thread with the hashes)")
+    notice = [*run, "train.max_steps=12", "train.debug.sigterm_at_step=6"]
+    try:
+        with graceful_signals():
+            stack_run(notice, tmp, "notice")
+    except Preempted as err:
+        after = re.search(r"written ([0-9.]+) s after the notice", str(err))
+        print(f"SIGTERM during step 6 -> checkpoint step-00000006 on disk {after.group(1) if after else '?'} s later "
+              "(the rest of step 6, the save, its hashes, fsync and rename)")
+
+
 def bench_mfu(name: str, overrides: list[str], tmp: Path) -> None:
     from training.metrics import measured_peak_flops
 
@@ -154,7 +196,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--skip-smollm2", action="store_true", help="skip the SmolLM2 LoRA MFU line")
-    parser.add_argument("--parts", default="step,checkpoint,mfu", help="which measurements to run")
+    parser.add_argument("--parts", default="step,checkpoint,resilience,mfu", help="which measurements to run")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
     os.environ.setdefault("MLOPS_HOME", str(tmp / "home"))
@@ -167,11 +209,23 @@ def main() -> None:
     base = [f"base_model={tiny['path']}", f"train.snapshot={snap}", "train.mode=full", "train.micro_batch_size=4",
             "train.grad_accum=2", "train.warmup_steps=2", "train.lr=1e-3", "train.progress=false"]
     print(f"torch threads {__import__('torch').get_num_threads()}, tiny model {tiny['id']}, snapshot {snap}")
+    print(f"load average before: {os.getloadavg()[0]:.2f}")
     parts = set(args.parts.split(","))
+    try:
+        run_parts(parts, args, base, snap, cache, tmp)
+    finally:
+        print(f"\nload average after: {os.getloadavg()[0]:.2f}")
+
+
+def run_parts(parts: set[str], args, base: list[str], snap: str, cache: Path, tmp: Path) -> None:
+    from mlops.base_models import import_base_model
+
     if "step" in parts:
         bench_step_time(base, args.steps, args.repeats, tmp)
     if "checkpoint" in parts:
         bench_checkpoint(base, tmp)
+    if "resilience" in parts:
+        bench_resilience(base, args.steps, args.repeats, tmp)
     if "mfu" not in parts:
         return
     print("\n== MFU (CPU, fp32) ==")

@@ -157,6 +157,21 @@ class MlflowTracker:
         reap_once()
         return tracker
 
+    @classmethod
+    def existing(cls, run_id: str) -> MlflowTracker:
+        """A handle on an existing run that leaves its status alone (to close a run whose process died)."""
+        uri = tracking_uri()
+        return cls(_client(uri), run_id, uri)
+
+    def status(self) -> str:
+        return self.client.get_run(self.run_id).info.status
+
+    def delete_tags(self, names) -> None:
+        existing = self.client.get_run(self.run_id).data.tags
+        for name in names:
+            if str(name) in existing:
+                self.client.delete_tag(self.run_id, str(name))
+
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
 
@@ -317,6 +332,10 @@ class MemoryTracker:
 
     def set_tags(self, tags):
         self.tags.update({str(k): str(v) for k, v in tags.items() if v is not None})
+
+    def delete_tags(self, names):
+        for name in names:
+            self.tags.pop(str(name), None)
 
     def log_artifact(self, path, artifact_path=None):
         self.artifacts[str(Path(artifact_path or "") / Path(path).name)] = Path(path)

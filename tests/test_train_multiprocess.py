@@ -1,12 +1,15 @@
 """End to end through the real CLI: two processes under ZeRO-2, universal resume 2 -> 1, SIGKILL (also
-mid-save), the kill drill, and `mlflow run`. Slow: each run starts fresh Python processes."""
+mid-save), SIGTERM to a two-process launcher (with a second trainer refused meanwhile), the two-process kill
+drill, and `mlflow run`. Slow: each run starts fresh Python processes."""
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -75,19 +78,56 @@ def test_sigkill_in_the_middle_of_a_save_resumes_from_the_previous_checkpoint(en
     killed = mlops_train(env, [*common, f"train.checkpoint.dir={ckpt}", "train.debug.kill_in_save_step=6"],
                          check=False)
     assert killed.returncode == -9
-    assert (ckpt / "step-00000006").is_dir() and not (ckpt / "step-00000006" / "manifest.json").exists()
+    partial = ckpt / ".partial-step-00000006"  # written, never committed: no step-6 checkpoint exists
+    assert partial.is_dir() and not (partial / "manifest.json").exists() and not (ckpt / "step-00000006").exists()
     mlops_train(env, [*common, f"train.checkpoint.dir={ckpt}"])
+    assert not partial.exists()
     mlops_train(env, [*common, f"train.checkpoint.dir={tmp_path / 'ref'}"])
     step, detail = compare(read_trace(tmp_path / "ref" / "trace.jsonl"), read_trace(ckpt / "trace.jsonl"), 8)
     assert step is None, detail
 
 
-def test_kill_drill_reports_pass(env, tiny_model):
+def test_sigterm_to_a_two_process_launcher_checkpoints_every_rank_and_a_rerun_resumes(env, common, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from mlops.lineage import Tag
+    from training.checkpoint import list_tags, read_manifest
+    from training.resume import read_ledger
+
+    ckpt = tmp_path / "t"
+    args = [*common, "train.zero_stage=2", f"train.checkpoint.dir={ckpt}", "train.checkpoint_every=1000"]
+    cmd = [sys.executable, "-m", "mlops", "train", "run", "--config", str(REPO / "configs/train/tiny.yaml"),
+           "--nproc", "2", *args, "train.max_steps=500"]  # long enough to be caught mid-run
+    log = (tmp_path / "first.log").open("w")
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 600
+    while max(read_trace(ckpt / "trace.jsonl") or {0: 0}) < 1 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    second = mlops_train(env, [*common, f"train.checkpoint.dir={ckpt}"], check=False)
+    assert second.returncode == 2 and f"already training as pid {proc.pid} on host" in second.stderr
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143, (tmp_path / "first.log").read_text()[-3000:]
+    stopped = max(read_trace(ckpt / "trace.jsonl"))
+    assert [s for s, _ in list_tags(ckpt)] == [stopped]  # no checkpoint step was reached: the notice saved it
+    manifest = read_manifest(ckpt / f"step-{stopped:08d}")
+    assert manifest["world_size"] == 2 and len([f for f in manifest["files"] if "optim_states" in f]) == 2
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    run = client.get_run(manifest["run_id"])
+    assert run.info.status == "KILLED" and "SIGTERM" in run.data.tags[Tag.STOP_REASON]
+    done = mlops_train(env, [*args, f"train.max_steps={stopped + 3}"], nproc=2)  # max_steps may change
+    assert f"at step {stopped}" in done.stdout and f"FINISHED after {stopped + 3} steps" in done.stdout
+    entry = read_ledger(ckpt)[-1]
+    assert entry["step"] == stopped and entry["changes"]["train.max_steps"] == {"from": 500, "to": stopped + 3}
+    assert sorted(read_trace(ckpt / "trace.jsonl")) == list(range(1, stopped + 4))
+
+
+def test_two_process_kill_drill_leaves_no_worker_and_reports_pass(env, tiny_model):
     cmd = [sys.executable, "-m", "mlops", "train", "drill", "--config", str(REPO / "configs/train/tiny.yaml"),
-           "--steps", "8", "--seed", "7", f"base_model={tiny_model['path']}"]
+           "--nproc", "2", "--steps", "8", "--seed", "7", f"base_model={tiny_model['path']}"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    assert proc.stdout.strip().splitlines()[-1].startswith("PASS: killed at step")
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("PASS: killed at step") and "every worker gone" in last and "resumed from step" in last
 
 
 def test_mlflow_run_entry_point_trains_and_logs_the_model(env, common, tmp_path):

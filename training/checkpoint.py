@@ -2,8 +2,10 @@
 
 Layout: `<dir>/step-00000040/` holds DeepSpeed's `mp_rank_00_model_states.pt` (module, scheduler, client
 state) and one `zero_pp_rank_<r>_..._optim_states.pt` per rank under ZeRO >= 1, then `manifest.json` with the
-lineage, the data position, and every file's size and sha256. A folder without a complete manifest is not a
-checkpoint: a kill mid-save leaves the previous complete one as the newest valid choice.
+lineage, the resolved config, the data position, and every file's size and sha256. Each save is written into
+`.partial-<tag>/`, fsynced, given its manifest and only then renamed to `<tag>/`: a kill or a full disk mid-save
+leaves the previous checkpoint as the newest, intact one. Checkpoints that fail verification are moved to
+`corrupt/`, never deleted.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -29,6 +30,8 @@ MANIFEST = "manifest.json"
 REJECTED = "manifest.rejected.json"
 TAG_RE = re.compile(r"^step-(\d{8})$")
 UNIVERSAL = "universal"
+PARTIAL = ".partial-"  # a save in progress; renamed to its tag once its manifest is on disk
+CORRUPT = "corrupt"  # checkpoints that failed verification are moved here, never deleted
 
 
 def tag_for(step: int) -> str:
@@ -120,23 +123,61 @@ def list_tags(ckpt_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
+class CorruptCheckpoints(MLOpsError):
+    """Checkpoints exist and none of them verifies: resuming would silently start over."""
+
+    def __init__(self, ckpt_dir: Path, failures: list[dict]) -> None:
+        self.failures = failures
+        listing = "; ".join(f"{f['tag']}: {f['reason']}" for f in failures)
+        super().__init__(
+            f"none of the {len(failures)} checkpoints in {ckpt_dir} verifies ({listing}). They were moved to "
+            f"{ckpt_dir / CORRUPT}/ for inspection, nothing was deleted. Fix: restore a good copy of a checkpoint "
+            "into the folder and rerun, or start over on purpose with train.checkpoint.resume=none."
+        )
+
+
+def quarantine(folder: Path) -> Path:
+    """Move a checkpoint that failed verification under `corrupt/` (never delete it)."""
+    target = folder.parent / CORRUPT / f"{folder.name}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    while target.exists():
+        n += 1
+        target = target.with_name(f"{target.name.split('~')[0]}~{n}")
+    os.replace(folder, target)
+    return target
+
+
 def select_resume(ckpt_dir: Path, warn=log.warning) -> tuple[Path, dict] | None:
-    """The newest checkpoint whose manifest is complete and whose hashes verify; corrupt ones are set aside."""
+    """The newest checkpoint whose manifest is complete and whose hashes verify. Newer ones that fail are moved
+    to `corrupt/`; when every checkpoint fails, CorruptCheckpoints (a rerun must not quietly start over)."""
+    failures: list[dict] = []
     for _, folder in list_tags(ckpt_dir):
         if not (folder / MANIFEST).exists():
-            continue  # an interrupted save, removed by the next retention pass
+            continue  # never completed (a save killed by an older version): retention removes it
         ok, reason = verify(folder)
         if ok:
             return folder, read_manifest(folder) or {}
-        warn(f"skipping checkpoint {folder}: {reason}")
-        # Rename rather than delete: the folder stays for inspection until retention removes it.
-        os.replace(folder / MANIFEST, folder / REJECTED)
+        run_id = _manifest_field(folder, "run_id")
+        moved = quarantine(folder)
+        warn(f"skipping checkpoint {folder}: {reason}; moved to {moved}")
+        failures.append({"tag": folder.name, "reason": reason, "moved_to": str(moved), "run_id": run_id})
+    if failures:
+        raise CorruptCheckpoints(ckpt_dir, failures)
     return None
 
 
+def _manifest_field(folder: Path, key: str):
+    try:
+        return json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def retention(ckpt_dir: Path, keep_last: int, keep_every: int | None, protect: Path | None = None) -> list[Path]:
-    """Delete all but the newest `keep_last` complete checkpoints (plus multiples of `keep_every`) and every
-    incomplete folder older than the newest complete one. Returns what was deleted."""
+    """Delete all but the newest `keep_last` complete checkpoints (plus multiples of `keep_every`), every
+    incomplete folder older than the newest complete one, and leftovers of interrupted saves. Returns what was
+    deleted."""
     tags = list_tags(ckpt_dir)
     complete = [(s, p) for s, p in tags if read_manifest(p) is not None]
     keep = {p for _, p in complete[:keep_last]}
@@ -149,75 +190,11 @@ def retention(ckpt_dir: Path, keep_last: int, keep_every: int | None, protect: P
     return doomed
 
 
-# --------------------------------------------------------------------------- saving
-
-
-class Saver:
-    """Saves on every rank; rank 0 then hashes, writes the manifest and prunes in a background thread, so the
-    step loop waits only for DeepSpeed's own writes."""
-
-    def __init__(self, ckpt_dir: Path, *, rank: int, keep_last: int, keep_every: int | None, exclude_frozen: bool,
-                 tracker, lineage: dict, kill_in_save_step: int | None = None) -> None:
-        self.dir = ckpt_dir
-        self.rank = rank
-        self.keep_last, self.keep_every = keep_last, keep_every
-        self.exclude_frozen = exclude_frozen
-        self.tracker = tracker
-        self.lineage = lineage
-        self.kill_in_save_step = kill_in_save_step
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self.last_complete: Path | None = None
-        self.last_save_s = 0.0
-
-    def save(self, engine, step: int, client_state: dict, manifest_fields: dict) -> Path:
-        import torch.distributed as dist
-
-        self.wait()
-        tag = tag_for(step)
-        folder = self.dir / tag
-        started = time.perf_counter()
-        if self.rank == 0:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(folder, ignore_errors=True)  # leftovers of a killed attempt at the same step
-        dist.barrier()
-        engine.save_checkpoint(str(self.dir), tag=tag, client_state=client_state, save_latest=False,
-                               exclude_frozen_parameters=self.exclude_frozen)
-        dist.barrier()
-        self.last_save_s = time.perf_counter() - started
-        if self.kill_in_save_step == step:
-            import signal
-
-            os.kill(os.getpid(), signal.SIGKILL)  # fault injection: files written, manifest not yet
-        if self.rank == 0:
-            fields = {**self.lineage, **manifest_fields, "step": step, "tag": tag}
-            self._thread = threading.Thread(target=self._finalize, args=(folder, fields), daemon=True)
-            self._thread.start()
-        return folder
-
-    def _finalize(self, folder: Path, fields: dict) -> None:
-        try:
-            manifest = {**fields, "files": file_table(folder), "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                        time.gmtime()), "complete": True}
-            atomic_json(folder / MANIFEST, manifest)
-            self.last_complete = folder
-            from mlops.lineage import Tag
-
-            retention(self.dir, self.keep_last, self.keep_every, protect=folder)
-            artifact = f"checkpoints/{folder.name}/{MANIFEST}"
-            self.tracker.log_dict(manifest, artifact)
-            # A reference every machine of the team resolves through the tracking server, not a local path.
-            self.tracker.set_tags({Tag.CHECKPOINT_MANIFEST: f"runs:/{self.tracker.run_id}/{artifact}"})
-        except BaseException as err:  # noqa: BLE001 - re-raised in the step loop by wait()
-            self._error = err
-
-    def wait(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise MLOpsError(f"writing the checkpoint manifest failed: {err}") from err
+def remove_partials(ckpt_dir: Path) -> None:
+    """Interrupted saves never became checkpoints; only the folder's lock holder may call this."""
+    if ckpt_dir.is_dir():
+        for folder in ckpt_dir.glob(f"{PARTIAL}*"):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- other world sizes

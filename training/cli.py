@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from mlops.cli_options import ConfigOpt, OverridesArg, load
+from mlops.cli_options import ConfigOpt, OverridesArg, load, split_overrides
 from mlops.errors import ConfigError
 
 app = typer.Typer(help="DeepSpeed training on a data snapshot: run, kill drill, checkpoints.", no_args_is_help=True)
@@ -70,10 +70,11 @@ def drill(
     steps: int = typer.Option(12, min=4, help="optimizer steps of each drill run"),
     overrides: list[str] | None = OverridesArg,
 ) -> None:
-    """Kill a short training with SIGKILL at a random step, resume it, compare with an uninterrupted run."""
+    """SIGKILL a short training's launcher at a random step after its first checkpoint, check that no worker
+    survives it, resume, and compare every step with an uninterrupted run."""
     from training.drill import run_drill
 
-    report = run_drill(config, overrides or [], nproc=_nproc(nproc), seed=seed, steps=steps)
+    report = run_drill(config, split_overrides(overrides), nproc=_nproc(nproc), seed=seed, steps=steps)
     typer.echo(report.summary())
     if not report.passed:
         raise typer.Exit(1)
@@ -85,7 +86,7 @@ def checkpoints(
     directory: Path | None = typer.Option(None, "--dir", help="checkpoint folder (default: the config's)"),
     overrides: list[str] | None = OverridesArg,
 ) -> None:
-    """List checkpoints with their step, completeness and hash verification."""
+    """List checkpoints with their step, completeness and hash verification, and who trains into the folder."""
     from training.checkpoint import list_tags, read_manifest, verify
 
     if directory is None:
@@ -103,3 +104,8 @@ def checkpoints(
         rows.append({"step": step, "path": str(folder), "ok": ok, "reason": reason,
                      "run_id": manifest.get("run_id"), "world_size": manifest.get("world_size")})
     typer.echo(json.dumps(rows, indent=2) if rows else f"no checkpoints under {directory}")
+    from training.lock import TrainLock
+
+    holder = TrainLock(directory).holder()
+    if holder:
+        typer.echo(f"lock: {holder}")

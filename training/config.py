@@ -4,45 +4,73 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, field_validator
 
 from mlops.config import StrictModel, volatile
 from mlops.errors import ConfigError
 
+RESUME_NONE = ("never", "none")  # both spellings start over; `none` is what operators tend to type
 
-class LoraSection(StrictModel):
+
+class Section(StrictModel):
+    """Training sections refuse inf and nan anywhere: a non-finite setting can only produce non-finite weights."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+class LoraSection(Section):
     r: int = Field(8, ge=1, description="LoRA rank")
     alpha: int = Field(16, ge=1, description="LoRA alpha")
     dropout: float = Field(0.05, ge=0.0, lt=1.0, description="LoRA dropout")
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
 
 
-class CheckpointSection(StrictModel):
+class CheckpointSection(Section):
     dir: str | None = volatile(None, description="checkpoint folder (default .mlops/checkpoints/<config hash>)")
     every_seconds: float | None = volatile(None, gt=0, description="also save when this much wall time passed")
     keep_last: int = volatile(2, ge=1, description="keep the newest K complete checkpoints")
     keep_every: int | None = volatile(None, ge=1, description="also keep every checkpoint whose step is a multiple")
-    resume: str = volatile("auto", description="auto (newest verified checkpoint), never, or a checkpoint folder")
+    resume: str = volatile(
+        "auto", description="auto (newest verified checkpoint), never (or none: start over), or a checkpoint folder"
+    )
     universal: bool = volatile(
         False, description="allow resuming at another world size through DeepSpeed's universal checkpoint"
     )
+    replan_batch: bool = volatile(
+        False, description="allow a resume to change the global batch (the data position must fall on a step of it)"
+    )
+    grace_seconds: float = volatile(
+        30.0, ge=0, description="after SIGTERM/SIGINT: finish the step, then save if a save fits in this many seconds"
+    )
+
+    @field_validator("resume")
+    @classmethod
+    def _resume_value(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must be auto, never, none or a checkpoint folder (step-XXXXXXXX), not empty")
+        return value.strip()
 
 
-class GuardSection(StrictModel):
+class GuardSection(Section):
+    # On by default, and loose: a real divergence moves the grad norm by orders of magnitude, while healthy runs
+    # stay within a few times their median. A null factor turns the rule off.
     spike_factor: float | None = Field(
-        None, gt=1.0, description="stop when the grad norm exceeds this many times its running median"
+        50.0, gt=1.0, description="stop when the grad norm exceeds this many times its running median (null: off)"
     )
     spike_window: int = Field(50, ge=3, description="steps in the running median of the grad norm")
     spike_warmup: int = Field(10, ge=0, description="steps before the spike rule applies")
+    finite_weights: bool = Field(
+        True, description="after every optimizer step check that the weights are finite (one pass over them)"
+    )
 
 
-class SmokeSection(StrictModel):
+class SmokeSection(Section):
     steps: int = Field(30, ge=4, description="optimizer steps of a smoke run")
     min_loss_drop: float = Field(0.0, ge=0.0, lt=1.0, description="required relative drop of the loss")
     min_tokens_per_s: float = volatile(0.0, ge=0.0, description="throughput floor of a smoke run")
 
 
-class DeepSpeedSection(StrictModel):
+class DeepSpeedSection(Section):
     backend: Literal["auto", "gloo", "nccl"] = volatile("auto", description="auto: nccl on GPU, gloo on CPU")
     launcher: Literal["torchrun", "deepspeed"] = volatile("torchrun", description="launcher for nproc > 1")
     hostfile: str | None = volatile(None, description="DeepSpeed hostfile for several nodes (deepspeed launcher)")
@@ -50,21 +78,25 @@ class DeepSpeedSection(StrictModel):
     extra: dict[str, Any] = Field(default_factory=dict, description="merged into the generated DeepSpeed config")
 
 
-class DebugSection(StrictModel):
+class DebugSection(Section):
     """Fault injection for tests and drills. Each one changes what a run does, so each is hashed."""
 
     nan_at_step: int | None = Field(None, ge=1, description="make the loss NaN at this step")
     spike_at_step: int | None = Field(None, ge=1, description="multiply the loss by 1e4 at this step")
     crash_after_step: int | None = Field(None, ge=1, description="exit hard after this step (like a kill)")
     kill_in_save_step: int | None = Field(None, ge=1, description="SIGKILL itself while saving this step")
+    sigterm_at_step: int | None = Field(None, ge=1, description="rank 0 sends itself SIGTERM during this step")
+    inf_lr_at_step: int | None = Field(
+        None, ge=1, description="apply this step with lr=inf: non-finite weights from finite loss and grads"
+    )
 
 
-class TrainConfig(StrictModel):
+class TrainConfig(Section):
     snapshot: str | None = Field(None, description="data snapshot id (or `latest`) to train on")
     mode: Literal["lora", "full"] = Field("lora", description="LoRA adapters or full fine-tuning")
     lora: LoraSection = Field(default_factory=LoraSection)
     zero_stage: Literal[0, 1, 2] = Field(0, description="DeepSpeed ZeRO stage")
-    lr: float = Field(2e-4, gt=0, description="peak learning rate")
+    lr: float = Field(2e-4, gt=0, le=1.0, description="peak learning rate (AdamW moves each weight by about lr a step)")
     lr_schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="decay after warmup")
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="final lr as a fraction of the peak")
     weight_decay: float = Field(0.0, ge=0)
@@ -90,6 +122,9 @@ class TrainConfig(StrictModel):
     final_model: bool = volatile(True, description="consolidate, merge and log the final model")
     peak_flops: float | None = volatile(None, gt=0, description="peak FLOP/s for MFU (default: measured)")
     progress: bool = volatile(True, description="show a progress bar on rank 0")
+    heartbeat_seconds: float = volatile(
+        30.0, ge=1, description="rank 0 stamps the run's heartbeat tag this often (the reaper's sign of life)"
+    )
     debug: DebugSection = Field(default_factory=DebugSection)
 
     def batch_layout(self, world_size: int) -> tuple[int, int, int]:

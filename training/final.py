@@ -7,7 +7,6 @@ exactly what the checkpoint holds.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -79,7 +78,7 @@ def finish(run):
 
     prep, t, tracker = run.prep, run.t, run.tracker
     ckpt = run.saver.last_complete
-    loss = run.losses[-1] if run.losses else run.last_metrics.get("loss", math.nan)
+    loss = run.losses[-1] if run.losses else run.last_loss if run.last_loss is not None else math.nan
     metrics = {"loss": loss, **run.val, "tokens_seen": float(run.tokens_seen), "steps": float(run.step),
                **trajectory(run.losses, run.step_tokens, run.step_seconds)}
     if prep.smoke:
@@ -104,7 +103,10 @@ def finish(run):
             run.trace.flush()
             tracker.log_artifact(run.trace.path, "trace")
         if t.final_model:
-            (prep.ckpt_dir / FINAL).write_text(json.dumps(result.as_dict(), indent=2))
+            from training.checkpoint import atomic_json
+
+            # The hash tells a rerun of this exact config (nothing to do) from a changed one (resume and go on).
+            atomic_json(prep.ckpt_dir / FINAL, {**result.as_dict(), "config_hash": prep.config_hash})
         tracker.close("FINISHED")
     return result
 

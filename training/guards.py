@@ -1,6 +1,8 @@
-"""Stop rules checked before every optimizer step: non-finite loss or grad norm, and grad-norm spikes.
+"""Stop rules: before every optimizer step, non-finite loss or grad norm and grad-norm spikes; after it, that
+the weights are still finite (a finite gradient times a huge step size is not).
 
-A rule returns `(ok, reason)` (house style); the trainer stops before the step when it is not ok.
+A rule returns `(ok, reason)` (house style); the trainer stops before the step (or, for the weights, before
+any checkpoint of it) when it is not ok.
 """
 
 from __future__ import annotations
@@ -24,6 +26,28 @@ def check_finite(loss: float, grad_norm: float) -> tuple[bool, str]:
     if not math.isfinite(grad_norm):
         return False, f"non-finite grad norm ({grad_norm})"
     return True, ""
+
+
+def check_weights(engine, device: str) -> tuple[bool, str, float]:
+    """(ok, reason, L2 norm of the trainable weights): one fused pass over the weights after the step. Every
+    rank holds the whole updated model under ZeRO <= 2; the norms are still all-reduced (one float), so all
+    ranks agree on stopping even if one rank's copy went bad alone."""
+    import torch
+    import torch.distributed as dist
+
+    params = [p.detach() for p in engine.module.parameters() if p.requires_grad]
+    if not params:
+        return True, "", 0.0
+    norms = torch._foreach_norm(params)
+    total = torch.linalg.vector_norm(torch.stack(norms)).double().reshape(1)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        total = total.to(device)
+        dist.all_reduce(total)  # a sum, not a max: nan propagates through a sum, a max may drop it
+        total = total / dist.get_world_size()
+    value = float(total.item())
+    if not math.isfinite(value):
+        return False, f"non-finite weights after the update (weight norm {value})", value
+    return True, "", value
 
 
 class SpikeRule:

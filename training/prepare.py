@@ -1,5 +1,6 @@
-"""Everything a run checks before it spends compute: snapshot, batch layout, base model, checkpoint to resume,
-world size against that checkpoint, disk room for K checkpoints, and the lineage it will carry."""
+"""Everything a run checks before it spends compute: snapshot, batch layout, base model, the checkpoint folder's
+lock (one writer), the checkpoint to resume and what the resume may change, world size against that checkpoint,
+disk room for K checkpoints, and the lineage it will carry."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlops.errors import ConfigError, MLOpsError
+from training.config import RESUME_NONE
 
 log = logging.getLogger(__name__)
 FINAL = "final.json"
+SMOKE_DIR = "smoke"
 
 
 @dataclass
@@ -33,6 +36,12 @@ class Prepared:
     universal: bool = False
     completed: dict | None = None  # final.json of a finished run of this exact config
     smoke: bool = False
+    changes: dict = field(default_factory=dict)  # {dotted key: (checkpoint's value, this run's)} on a resume
+    lock: object | None = None  # training.lock.TrainLock, held from here until the run ends
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
 
     @property
     def train(self):
@@ -40,7 +49,7 @@ class Prepared:
 
 
 def apply_smoke(cfg) -> None:
-    """A smoke run: a few dozen steps, own checkpoints, no final model."""
+    """A smoke run: a few dozen steps, own checkpoints (a `smoke/` folder), no final model."""
     t = cfg.train
     t.max_steps = t.smoke.steps
     t.warmup_steps = min(t.warmup_steps, max(1, t.smoke.steps // 5))
@@ -62,13 +71,14 @@ def data_run_of(snapshot_id: str) -> str | None:
     return latest_run({Tag.SNAPSHOT_ID: snapshot_id, Tag.STAGE: "data"})
 
 
-def prepare(cfg, world_size: int = 1, *, smoke: bool = False, verify_inputs: bool = True) -> Prepared:
-    """Every check before compute. `verify_inputs=False` skips re-hashing the snapshot (workers of a
-    multi-process run, whose launcher verified it already)."""
+def prepare(cfg, world_size: int = 1, *, smoke: bool = False, verify_inputs: bool = True,
+            lock: bool = True, ckpt_dir: Path | None = None) -> Prepared:
+    """Every check before compute. `verify_inputs=False` skips re-hashing the snapshot and `lock=False` skips
+    the folder lock (workers of a multi-process run, whose launcher did both, holds the lock and passes the
+    folder it chose as `ckpt_dir`)."""
     from mlops.base_models import ensure_base_model
     from mlops.config import config_hash, require_section
     from mlops.lineage import Tag, collect_lineage, enforce_release
-    from training.checkpoint import select_resume, verify
     from training.data_loader import open_snapshot, resolve_snapshot_id
 
     t = require_section(cfg, "train")
@@ -88,16 +98,45 @@ def prepare(cfg, world_size: int = 1, *, smoke: bool = False, verify_inputs: boo
                **({Tag.DATA_RUN: data_run} if (data_run := data_run_of(t.snapshot)) else {}),
                Tag.TRAIN_MODE: t.mode, Tag.SMOKE: str(smoke).lower(), Tag.RELEASE: str(cfg.run.release).lower()},
     )
-    ckpt_dir = Path(t.checkpoint.dir).expanduser().resolve() if t.checkpoint.dir else default_ckpt_dir(digest)
-    prep = Prepared(cfg, t.snapshot, snapshot_dir, base, world_size, micro, accum, global_batch, ckpt_dir,
-                    digest, lineage, smoke=smoke)
-    final = ckpt_dir / FINAL
-    if t.checkpoint.resume == "auto" and final.is_file():
-        prep.completed = json.loads(final.read_text())
-        return prep
-    _pick_resume(prep, select_resume, verify)
-    _check_disk(prep)
+    prep = Prepared(cfg, t.snapshot, snapshot_dir, base, world_size, micro, accum, global_batch,
+                    ckpt_dir or _ckpt_dir(t, digest, smoke), digest, lineage, smoke=smoke)
+    if lock:
+        from training.lock import TrainLock
+
+        prep.lock = TrainLock(prep.ckpt_dir).acquire()
+    try:
+        _under_lock(prep, lock)
+    except BaseException:
+        prep.release()
+        raise
     return prep
+
+
+def _ckpt_dir(t, digest: str, smoke: bool) -> Path:
+    resume = t.checkpoint.resume
+    if resume not in ("auto", *RESUME_NONE):
+        return Path(resume).expanduser().resolve().parent  # the folder of the named checkpoint
+    folder = Path(t.checkpoint.dir).expanduser().resolve() if t.checkpoint.dir else default_ckpt_dir(digest)
+    # Smoke runs keep their own folder even under an explicit train.checkpoint.dir: a real run must never
+    # resume from (or continue the MLflow run of) a 30-step smoke check.
+    return folder / SMOKE_DIR if smoke else folder
+
+
+def _under_lock(prep: Prepared, holder: bool) -> None:
+    from training.checkpoint import remove_partials
+
+    t = prep.train
+    final = prep.ckpt_dir / FINAL
+    if t.checkpoint.resume == "auto" and final.is_file():
+        done = json.loads(final.read_text())
+        if done.get("config_hash", prep.config_hash) == prep.config_hash:
+            prep.completed = done
+            return
+        # The same folder with changed settings (a larger max_steps, say): continue from its last checkpoint.
+    if holder:
+        remove_partials(prep.ckpt_dir)
+    _pick_resume(prep)
+    _check_disk(prep)
 
 
 def _check_seq_len(manifest: dict, folder: Path) -> None:
@@ -105,13 +144,21 @@ def _check_seq_len(manifest: dict, folder: Path) -> None:
         raise MLOpsError(f"snapshot {folder} has no seq_len in its manifest. Fix: rebuild it with `mlops data build`.")
 
 
-def _pick_resume(prep: Prepared, select_resume, verify) -> None:
-    t = prep.train
-    mode = t.checkpoint.resume
-    if mode == "never":
+def _pick_resume(prep: Prepared) -> None:
+    from training import resume
+    from training.checkpoint import CorruptCheckpoints, read_manifest, select_resume, verify
+
+    mode = prep.train.checkpoint.resume
+    if mode in RESUME_NONE:
         return
     if mode == "auto":
-        found = select_resume(prep.ckpt_dir)
+        try:
+            found = select_resume(prep.ckpt_dir)
+        except CorruptCheckpoints as err:
+            from training.runs import fail_runs
+
+            fail_runs({f["run_id"] for f in err.failures if f.get("run_id")}, str(err))
+            raise
         if found is None:
             return
         prep.resume_from, prep.resume_manifest = found
@@ -121,47 +168,31 @@ def _pick_resume(prep: Prepared, select_resume, verify) -> None:
         if not ok:
             raise ConfigError(
                 f"train.checkpoint.resume='{mode}' cannot be used: {reason}. "
-                "Fix: point it at a complete checkpoint folder (step-XXXXXXXX), or use `auto` or `never`."
+                "Fix: point it at a complete checkpoint folder (step-XXXXXXXX), or use `auto` or `none`."
             )
-        from training.checkpoint import read_manifest
-
         prep.resume_from, prep.resume_manifest = folder, read_manifest(folder) or {}
-        prep.ckpt_dir = folder.parent
-    _check_compatible(prep)
+    prep.changes = resume.check(prep)
+    _check_world_size(prep)
 
 
-def _check_compatible(prep: Prepared) -> None:
+def _check_world_size(prep: Prepared) -> None:
     m, t = prep.resume_manifest, prep.train
-    where = prep.resume_from
-    if m.get("config_hash") != prep.config_hash:
-        log.warning("checkpoint %s was written under config %s, this run's config is %s: resuming anyway",
-                    where, str(m.get("config_hash"))[:12], prep.config_hash[:12])
-    if m.get("zero_stage") != t.zero_stage:
-        raise ConfigError(
-            f"checkpoint {where} was written under ZeRO-{m.get('zero_stage')} but train.zero_stage={t.zero_stage}. "
-            f"Fix: set train.zero_stage={m.get('zero_stage')}, or start over with train.checkpoint.resume=never."
-        )
-    if m.get("snapshot_id") != prep.snapshot_id:
-        raise ConfigError(
-            f"checkpoint {where} trained on snapshot {m.get('snapshot_id')} but train.snapshot={prep.snapshot_id}. "
-            "Fix: resume with the same snapshot, or set train.checkpoint.resume=never."
-        )
     written = int(m.get("world_size", 1))
     if written != prep.world_size and t.zero_stage >= 1:
         if not t.checkpoint.universal:
             raise ConfigError(
-                f"checkpoint {where} was written by {written} processes under ZeRO-{t.zero_stage}, and this run "
-                f"has {prep.world_size}: its optimizer shards only load at world size {written}. Fix: run with "
-                f"--nproc {written}, or set train.checkpoint.universal=true to convert it with DeepSpeed's "
+                f"checkpoint {prep.resume_from} was written by {written} processes under ZeRO-{t.zero_stage}, and "
+                f"this run has {prep.world_size}: its optimizer shards only load at world size {written}. Fix: run "
+                f"with --nproc {written}, or set train.checkpoint.universal=true to convert it with DeepSpeed's "
                 "universal checkpoint."
             )
         prep.universal = True
     position = int(m.get("data", {}).get("position", 0))
     if position % prep.global_batch:
         raise ConfigError(
-            f"checkpoint {where} stopped at sample {position}, which is not a step boundary of this run's global "
-            f"batch ({prep.global_batch}). Fix: set train.global_batch_size={m.get('global_batch')} so the batch "
-            "stays the same at any world size."
+            f"checkpoint {prep.resume_from} stopped at sample {position}, which is not a step boundary of this run's "
+            f"global batch ({prep.global_batch}). Fix: set train.global_batch_size={m.get('global_batch')} so the "
+            "batch stays the same at any world size."
         )
 
 

@@ -1,44 +1,138 @@
-"""Which MLflow run a training run logs to: the launcher's, the checkpoint's (a resume continues its run), the
-one `mlflow run` created, or a new one. Only rank 0 talks to the store."""
+"""Which MLflow run a training run logs to, and how runs that died are accounted for. Only rank 0 (or the
+launcher of a multi-process run) talks to the store.
+
+* A resume with the checkpoint's exact config continues the checkpoint's run (a run keeps its config hash).
+* A resume with changed settings is a new run (new hash) tagged with the run it continues, which is closed
+  if it was left RUNNING.
+* `run.json` in the checkpoint folder names the folder's current run, so a run killed before its first
+  checkpoint is closed KILLED by the next start instead of staying RUNNING forever.
+* While it trains, rank 0 stamps a heartbeat tag: a run whose heartbeat stopped is dead (the reaper's cue).
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import threading
+import time
 from pathlib import Path
 
 from training.prepare import FINAL, Prepared
 
 log = logging.getLogger(__name__)
 RUN_ID_ENV = "MLOPS_TRAIN_RUN_ID"  # set by the multi-process launcher so every rank joins one run
+RUN_FILE = "run.json"
 
 
 def open_tracker(prep: Prepared, rank: int, given=None):
-    from mlops.lineage import Tag
+    """The run this process logs to: `given` when a caller passed one, else chosen as the module says."""
     from training.metrics import NullTracker
 
-    run_id = os.environ.get(RUN_ID_ENV) or prep.resume_manifest.get("run_id")
+    resumed_run = prep.resume_manifest.get("run_id") if prep.resume_from else None
+    same_run = resumed_run and prep.resume_manifest.get("config_hash") == prep.config_hash
     if rank != 0:
-        return NullTracker(getattr(given, "run_id", None) or run_id or "none")
+        return NullTracker(getattr(given, "run_id", None) or os.environ.get(RUN_ID_ENV) or resumed_run or "none")
+    if given is not None:
+        tracker = given
+    elif os.environ.get(RUN_ID_ENV):
+        return _attach(prep, os.environ[RUN_ID_ENV])  # a worker of a multi-process run: the launcher chose
+    else:
+        tracker = _choose(prep, resumed_run if same_run else None)
+    _account_for_previous(prep, tracker, resumed_run, same_run)
+    return tracker
+
+
+def _attach(prep: Prepared, run_id: str):
+    from mlops.tracking import MlflowTracker
+
+    return MlflowTracker.start(prep.cfg.run.experiment, resume_run_id=run_id, attach_env_run=False)
+
+
+def _choose(prep: Prepared, continue_run: str | None):
+    from mlops.lineage import Tag
     from mlops.tracking import RUN_ID_ENV as MLFLOW_RUN_ENV
     from mlops.tracking import MlflowTracker
 
     cfg = prep.cfg
     name = cfg.run.run_name or f"train-{cfg.train.mode}-{cfg.base_model}"
     tags = prep.lineage.as_tags()
-    if run_id:
+    if continue_run:
         try:
-            tracker = MlflowTracker.start(cfg.run.experiment, run_name=name, tags=tags, resume_run_id=run_id)
+            tracker = MlflowTracker.start(cfg.run.experiment, run_name=name, tags=tags, resume_run_id=continue_run)
         except Exception as err:  # noqa: BLE001 - the old run is gone (another store): start a new one
-            log.warning("cannot continue MLflow run %s (%s); starting a new run", run_id, err)
-            tags = {**tags, Tag.SOURCE_RUN: run_id}
+            log.warning("cannot continue MLflow run %s (%s); starting a new run", continue_run, err)
+            tags = {**tags, Tag.SOURCE_RUN: continue_run}
         else:
             created = os.environ.get(MLFLOW_RUN_ENV)
-            if created and created != run_id:
+            if created and created != continue_run:
                 # `mlflow run` made a fresh run, but a resume continues the checkpoint's run: point to it.
-                MlflowTracker(tracker.client, created, tracker.uri).set_tags({**tags, Tag.SOURCE_RUN: run_id})
+                MlflowTracker(tracker.client, created, tracker.uri).set_tags({**tags, Tag.SOURCE_RUN: continue_run})
             return tracker
     return MlflowTracker.start(cfg.run.experiment, run_name=name, tags=tags)
+
+
+def _account_for_previous(prep: Prepared, tracker, resumed_run: str | None, same_run: bool) -> None:
+    """Link a new run to the run it continues; close runs of this folder that were left RUNNING."""
+    from mlops.lineage import Tag
+
+    if resumed_run and not same_run and resumed_run != tracker.run_id:
+        tracker.set_tags({Tag.PREVIOUS_RUN: resumed_run})
+        close_if_running(resumed_run, "KILLED", f"continued as run {tracker.run_id} from {prep.resume_from} with "
+                                                "changed settings (see its resume.json)")
+    recorded = _read_run_file(prep.ckpt_dir)
+    orphan = recorded.get("run_id")
+    if orphan and orphan not in (tracker.run_id, resumed_run):
+        step = f" at step {recorded.get('step')}" if recorded.get("step") else ""
+        if close_if_running(orphan, "KILLED", f"stopped{step} before its first checkpoint; superseded by run "
+                                              f"{tracker.run_id}, which started over in {prep.ckpt_dir}"):
+            tracker.set_tags({Tag.PREVIOUS_RUN: orphan})
+    write_run_file(prep.ckpt_dir, tracker.run_id, prep.config_hash)
+
+
+def _read_run_file(folder: Path) -> dict:
+    try:
+        data = json.loads((folder / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_run_file(folder: Path, run_id: str, config_hash: str) -> None:
+    from training.checkpoint import atomic_json
+    from training.lock import process_identity
+
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_json(folder / RUN_FILE, {"run_id": run_id, "config_hash": config_hash, **process_identity(),
+                                    "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+
+
+def close_if_running(run_id: str, status: str, reason: str) -> bool:
+    """Close a run of the tracking store that is still RUNNING (a process that died cannot close its own)."""
+    try:
+        from mlops.tracking import MlflowTracker
+
+        tracker = MlflowTracker.existing(run_id)
+        if tracker.status() != "RUNNING":
+            return False
+        tracker.close(status, reason=reason[:4000])
+        return True
+    except Exception as err:  # noqa: BLE001 - a run of another store, or a store that is down
+        log.warning("could not close run %s: %s", run_id, err)
+        return False
+
+
+def fail_runs(run_ids: set[str], reason: str) -> None:
+    """Mark runs whose checkpoints all failed verification FAILED (unless they finished)."""
+    from mlops.tracking import MlflowTracker
+
+    for run_id in run_ids:
+        try:
+            tracker = MlflowTracker.existing(run_id)
+            if tracker.status() != "FINISHED":
+                tracker.close("FAILED", reason=reason[:4000])
+        except Exception as err:  # noqa: BLE001 - the refusal itself must still reach the user
+            log.warning("could not mark run %s failed: %s", run_id, err)
 
 
 def already_done(prep: Prepared, tracker, rank: int):
@@ -62,3 +156,36 @@ def already_done(prep: Prepared, tracker, rank: int):
         tracker.log_metrics({k: v for k, v in result.metrics.items() if isinstance(v, int | float)}, result.steps)
         tracker.close("FINISHED")
     return result
+
+
+class Heartbeat:
+    """Stamps `Tag.HEARTBEAT` (unix seconds) on the run every `interval` seconds from a daemon thread."""
+
+    def __init__(self, tracker, interval: float) -> None:
+        self.tracker, self.interval = tracker, interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def beat(self) -> None:
+        from mlops.lineage import Tag
+
+        try:
+            self.tracker.set_tags({Tag.HEARTBEAT: str(int(time.time()))})
+        except Exception as err:  # noqa: BLE001 - a missed beat must never stop training
+            log.warning("heartbeat for run %s failed: %s", self.tracker.run_id, err)
+
+    def start(self) -> Heartbeat:
+        self.beat()
+        self._thread = threading.Thread(target=self._run, name="train-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.beat()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None

@@ -1,11 +1,13 @@
-"""One optimizer step (micro steps, guards before the update) and one validation pass."""
+"""One optimizer step (micro steps, guards before the update, a finiteness check after it) and one validation
+pass. The step's single all-reduce also carries the stop notice, so every rank stops after the same step."""
 
 from __future__ import annotations
 
 import math
 import time
 
-from training.guards import TrainingStopped, check_finite
+from training.guards import TrainingStopped, check_finite, check_weights
+from training.stopping import STOP
 
 
 def run_step(run, window) -> dict:
@@ -21,6 +23,11 @@ def run_step(run, window) -> dict:
     batch = run.batches.next_step(all_ids=run.rank0)
     loss_sum = torch.zeros((), dtype=torch.float64)
     tokens = 0
+    if t.debug.sigterm_at_step == step and run.rank0:
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGTERM)  # a preemption notice reaching one rank mid-step
     for j, mb in enumerate(batch.micro):
         out = engine(input_ids=mb.input_ids.to(dev), attention_mask=mb.attention_mask.to(dev),
                      labels=mb.labels.to(dev))
@@ -38,8 +45,8 @@ def run_step(run, window) -> dict:
             engine.step()  # not a boundary: DeepSpeed only counts the micro step
     grad_norm = grad_norm_before_step(engine)
     want_save = bool(t.checkpoint.every_seconds and time.monotonic() - run.last_save >= t.checkpoint.every_seconds)
-    stats = torch.tensor([float(loss_sum) / len(batch.micro), float(tokens), float(want_save)], dtype=torch.float64,
-                         device=dev)  # nccl reduces device tensors only
+    stats = torch.tensor([float(loss_sum) / len(batch.micro), float(tokens), float(want_save), float(STOP.requested)],
+                         dtype=torch.float64, device=dev)  # nccl reduces device tensors only
     dist.all_reduce(stats)
     stats = stats.cpu()
     loss_value = float(stats[0]) / run.world.size
@@ -49,7 +56,16 @@ def run_step(run, window) -> dict:
     if not ok:
         incident(run, step, reason, batch, loss_value, grad_norm)
     lr = float(engine.get_lr()[0])
+    if t.debug.inf_lr_at_step == step:
+        for group in engine.optimizer.param_groups:
+            group["lr"] = float("inf")
     engine.step()
+    extra = {}
+    if t.guards.finite_weights:
+        ok, reason, norm = check_weights(engine, dev)
+        if not ok:
+            incident(run, step, reason, batch, loss_value, grad_norm, applied=True)
+        extra["param_norm"] = norm
     run.spike.accept(grad_norm)
     run.step = step
     run.tokens_seen += int(stats[1])
@@ -58,16 +74,17 @@ def run_step(run, window) -> dict:
     run.step_tokens += int(stats[1])
     run.step_seconds += seconds
     window.add(tokens=int(stats[1]), seconds=seconds, loss=loss_value, grad_norm=grad_norm, lr=lr,
-               data_wait_s=batch.wait_s)
+               data_wait_s=batch.wait_s, **extra)
     if run.trace is not None:
         run.trace.write({"step": step, "loss": loss_value.hex(), "grad_norm": float(grad_norm).hex(), "lr": lr,
                          "position": batch.start, "step_s": seconds,
                          "step_cpu_s": time.process_time() - cpu_started, "samples": batch.step_sample_ids})
-    return {"save": stats[2] > 0}
+    return {"save": stats[2] > 0, "preempt": stats[3] > 0}
 
 
-def incident(run, step: int, reason: str, batch, loss: float, grad_norm: float):
-    """Stop before the update: write the incident, fail the run, raise. No checkpoint follows."""
+def incident(run, step: int, reason: str, batch, loss: float, grad_norm: float, *, applied: bool = False):
+    """Stop: write the incident, fail the run, raise. No checkpoint follows, so the last good one stays the
+    newest. `applied`: the step was taken (its weights are not finite) rather than refused."""
     import json
 
     from mlops.lineage import Tag
@@ -84,10 +101,13 @@ def incident(run, step: int, reason: str, batch, loss: float, grad_norm: float):
         "last_metrics": run.last_metrics,
         "last_good_checkpoint": str(last_good) if last_good else None,
         "run_id": run.tracker.run_id,
+        "step_applied": applied,
     }
-    message = (f"training stopped before optimizer step {step}: {reason}. Last good checkpoint: "
-               f"{last_good or 'none'}. Fix: inspect the incident's sample ids, lower train.lr or raise "
-               "train.warmup_steps, then resume from that checkpoint.")
+    when = f"after optimizer step {step}, before any checkpoint of it" if applied else f"before optimizer step {step}"
+    resume = (f"then rerun with train.checkpoint.dir={last_good.parent}: it resumes from {last_good.name} with the "
+              "change applied and recorded in resume.json") if last_good else "then rerun: no checkpoint was written yet"
+    message = (f"training stopped {when}: {reason}. Last good checkpoint: {last_good or 'none'}. Fix: inspect the "
+               f"incident's sample ids, lower train.lr (now {run.t.lr:g}) or raise train.warmup_steps, {resume}.")
     if run.rank0:
         folder = run.prep.ckpt_dir / "incidents"
         folder.mkdir(parents=True, exist_ok=True)

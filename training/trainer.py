@@ -2,8 +2,10 @@
 
 One call is one run, callable repeatedly in one process (sweep trials) and identically under torchrun or
 the deepspeed launcher (every rank calls it; only rank 0 talks to the tracker). The order of work:
-prepare (every check, no compute) -> plan (FLOPs, memory, measured warm-up) -> DeepSpeed engine -> resume ->
-steps with guards, metrics, validation and checkpoints -> final model.
+prepare (every check, no compute; takes the checkpoint folder's lock) -> plan (FLOPs, memory, measured
+warm-up) -> DeepSpeed engine -> resume (changed settings applied and recorded) -> steps with guards, metrics,
+validation and checkpoints -> final model. A stop notice (SIGTERM) ends the loop after the current step with
+a checkpoint (training.stopping).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from pathlib import Path
 
 from training.guards import SpikeRule, TrainingStopped
 from training.prepare import Prepared, prepare
-from training.runs import already_done, open_tracker
+from training.runs import Heartbeat, already_done, open_tracker
+from training.stopping import Preempted
 from training.trace import TRACE, TraceLog
 
 log = logging.getLogger(__name__)
@@ -60,24 +63,28 @@ def train(cfg, tracker=None, *, report: Callable[[int, dict], None] | None = Non
 
     world = init_world(cfg.train.deepspeed.backend if cfg.train else "auto")
     prep = prepared or prepare(cfg, world.size)
-    if prep.completed is not None:
-        return already_done(prep, tracker, world.rank)
-    tracker = tracker if (tracker is not None and world.rank == 0) else open_tracker(prep, world.rank, tracker)
-    run = _Run(prep, world, tracker, report)
+    run = None
     try:
+        if prep.completed is not None:
+            return already_done(prep, tracker, world.rank)
+        tracker = open_tracker(prep, world.rank, tracker)
+        run = _Run(prep, world, tracker, report)
         return run.execute()
-    except SimulatedCrash:
-        raise
-    except TrainingStopped:
-        raise  # closed FAILED with its incident already
+    except (SimulatedCrash, TrainingStopped, Preempted):
+        raise  # a simulated kill leaves the run as a kill would; the others closed it with their reason
     except BaseException as err:
         from mlops.errors import MLOpsError
 
-        reason = str(err) if isinstance(err, MLOpsError) else f"{type(err).__name__}: {err}"
-        tracker.close("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", reason=reason[:4000])
+        if run is not None:
+            reason = str(err) if isinstance(err, MLOpsError) else f"{type(err).__name__}: {err}"
+            if isinstance(err, KeyboardInterrupt):
+                reason = "interrupted (a second Ctrl-C: stopped at once, without a checkpoint)"
+            tracker.close("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", reason=reason[:4000])
         raise
     finally:
-        run.release()
+        if run is not None:
+            run.release()
+        prep.release()
 
 
 class _Run:
@@ -94,6 +101,8 @@ class _Run:
         self.step_tokens = 0  # tokens and seconds of the steps this process ran (for throughput)
         self.step_seconds = 0.0
         self.trace = None
+        self.heartbeat = None
+        self.last_loss: float | None = None  # the last step's loss before this process (from the checkpoint)
 
     # ----------------------------------------------------------------- setup
 
@@ -124,7 +133,14 @@ class _Run:
         self.started = time.perf_counter()
         self.engine, _, _ = initialize(model, t, config)
         self.saver = self._saver()
-        state = self._resume() if resuming else {}
+        if self.rank0:
+            self.heartbeat = Heartbeat(self.tracker, t.heartbeat_seconds).start()
+        if resuming:
+            from training.resume import load
+
+            state = load(self)
+        else:
+            state = {}
         self.batches = RankBatches(self.reader, seed=seed, micro=prep.micro, accum=prep.accum, world=w.size,
                                    rank=w.rank, start=int(state.get("data", {}).get("position", 0)),
                                    max_len=t.max_seq_len)
@@ -136,13 +152,14 @@ class _Run:
         return self._loop()
 
     def _saver(self):
-        from training.checkpoint import Saver
+        from training.saver import Saver
 
         lineage = self.prep.lineage
         fields = {"run_id": self.tracker.run_id, "config_hash": lineage.config_hash, "snapshot_id": lineage.snapshot_id,
                   "image_tag": lineage.image_tag, "git_commit": lineage.git_commit, "git_dirty": lineage.git_dirty,
                   "base_model": lineage.base_model, "base_model_id": lineage.base_model_id, "seed": lineage.seed,
-                  "code_version": lineage.code_version, "mode": self.t.mode}
+                  "code_version": lineage.code_version, "mode": self.t.mode, "smoke": self.prep.smoke,
+                  "config": self.prep.cfg.model_dump(mode="json")}
         return Saver(self.prep.ckpt_dir, rank=self.world.rank, keep_last=self.t.checkpoint.keep_last,
                      keep_every=self.t.checkpoint.keep_every, exclude_frozen=self.t.mode == "lora",
                      tracker=self.tracker, lineage=fields, kill_in_save_step=self.t.debug.kill_in_save_step)
@@ -154,50 +171,23 @@ class _Run:
         prep, tr = self.prep, self.tracker
         tags = prep.lineage.as_tags()
         if prep.resume_from is not None:
+            from training.resume import summary
+
             tags[Tag.RESUMED_FROM] = str(prep.resume_from)
+            tags[Tag.RESUME_CHANGES] = summary(prep.changes) or "none"
+            # A resumed run is running again: the reasons of the stop it resumes from no longer apply.
+            tr.delete_tags([Tag.FAILURE_REASON, Tag.STOP_REASON])
         tr.set_tags(tags)
         flat = {k: v for k, v in canonical(self.t).items() if not isinstance(v, dict | list)}
+        resumed = {"resumed_from_step": int(prep.resume_manifest.get("step", 0))} if prep.resume_from else {}
         tr.log_params({**{f"train.{k}": v for k, v in flat.items()}, "base_model": prep.base["name"],
                        "world_size": prep.world_size, "grad_accum_effective": prep.accum,
-                       "global_batch": prep.global_batch, "seq_len": self.reader.seq_len})
+                       "global_batch": prep.global_batch, "seq_len": self.reader.seq_len, **resumed})
         tr.log_text(resolved_yaml(prep.cfg), "config/resolved.yaml")
         tr.log_dict(config, "config/deepspeed.json")
         tr.log_input(prep.snapshot_id, prep.snapshot_id, str(prep.snapshot_dir))
         tr.log_dict(self.plan, "plan.json")
         tr.log_metrics({f"plan/{k}": float(v) for k, v in self.plan.items()}, self.step)
-
-    def _resume(self) -> dict:
-        import torch.distributed as dist
-
-        from training.checkpoint import set_rng_state, to_universal
-
-        prep = self.prep
-        started = time.perf_counter()
-        load_dir, tag = prep.resume_from.parent, prep.resume_from.name
-        if prep.universal:
-            if self.rank0:
-                load_dir, tag = to_universal(prep.resume_from)
-            dist.barrier()
-            load_dir, tag = prep.resume_from.parent / "universal", prep.resume_from.name
-        path, state = self.engine.load_checkpoint(str(load_dir), tag=tag, load_module_strict=self.t.mode != "lora")
-        if path is None:
-            from mlops.errors import MLOpsError
-
-            raise MLOpsError(f"DeepSpeed could not load checkpoint {prep.resume_from}. Fix: set "
-                             "train.checkpoint.resume=never to start over, or point it at another checkpoint.")
-        state = state or {}
-        rngs = state.get("rng") or []
-        if self.world.rank < len(rngs):
-            set_rng_state(rngs[self.world.rank])
-        self.step = int(state.get("step", 0))
-        self.tokens_seen = int(state.get("tokens_seen", 0))
-        self.last_metrics = dict(state.get("last_metrics", {}))
-        self.resume_s = time.perf_counter() - started
-        self.saver.last_complete = prep.resume_from
-        self.tracker.log_metrics({"resume_load_s": self.resume_s}, self.step)
-        if self.rank0:
-            print(f"resumed from {prep.resume_from} at step {self.step} in {self.resume_s:.2f} s", flush=True)
-        return state
 
     # ----------------------------------------------------------------- the loop
 
@@ -209,6 +199,11 @@ class _Run:
         window = Window()
         bar = self._progress()
         self.last_save = time.monotonic()
+        from training.saver import any_rank
+        from training.stopping import STOP, stop_on_notice
+
+        if any_rank(STOP.requested):  # the notice came during setup: there is no step to finish
+            stop_on_notice(self, step_ran=False)
         try:
             while self.step < t.max_steps:
                 out = run_step(self, window)
@@ -218,8 +213,12 @@ class _Run:
                     self.tracker.log_metrics({"start_to_first_step_s": self.resume_to_first_step}, self.step)
                 if bar is not None:
                     bar.update(1)
-                if self.step % self.prep.cfg.run.log_every == 0 or self.step == t.max_steps:
+                if self.step % self.prep.cfg.run.log_every == 0 or self.step == t.max_steps or out["preempt"]:
                     self._flush(window, bar)
+                if out["preempt"]:
+                    if self.step == t.max_steps:
+                        self._maybe_validate()  # the final metrics, which a resume at this step reports
+                    stop_on_notice(self)  # raises Preempted
                 stop = self._maybe_validate()
                 if out["save"] or self.step % t.checkpoint_every == 0 or self.step == t.max_steps:
                     self._save()
@@ -277,7 +276,8 @@ class _Run:
         data = {"position": b.position, "epoch": b.epoch, "seed": self.prep.cfg.run.seed,
                 "global_batch": self.prep.global_batch}
         client = {"step": self.step, "tokens_seen": self.tokens_seen, "data": data, "rng": rngs,
-                  "spike_history": self.spike.state(), "world_size": self.world.size,
+                  "spike_history": self.spike.state(), "world_size": self.world.size, "val": self.val,
+                  "loss": self.losses[-1] if self.losses else self.last_loss,
                   "last_metrics": self.last_metrics, "universal_checkpoint_info": {"universal_checkpoint_version": 0.2}}
         fields = {"tokens_seen": self.tokens_seen, "world_size": self.world.size, "zero_stage": self.t.zero_stage,
                   "data": data, "global_batch": self.prep.global_batch}
@@ -298,6 +298,8 @@ class _Run:
     # ----------------------------------------------------------------- cleanup
 
     def release(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         if self.trace is not None:
             self.trace.close()
         if self.engine is not None:
