@@ -67,6 +67,8 @@ class Tag(StrEnum):
     SWEEP_BEST_TRIAL = "mlops.sweep.best_trial_number"
     SWEEP_BEST_RUN = "mlops.sweep.best_run_id"
     SWEEP_STORAGE = "mlops.sweep.storage"
+    OWNER_PID = "mlops.owner_pid"
+    OWNER_HOST = "mlops.owner_host"
 
 
 def code_version() -> str:

@@ -248,6 +248,40 @@ def tracked_run(experiment: str, **kwargs: Any) -> Iterator[MlflowTracker]:
         tracker.close("FINISHED")
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_dead_runs(experiment: str, stage: str) -> list[str]:
+    """Mark KILLED the RUNNING runs of `stage` in `experiment` whose owner process (tags Tag.OWNER_HOST and
+    Tag.OWNER_PID, this host only) is gone: what a SIGKILLed process left behind. Returns their run ids."""
+    uri = tracking_uri()
+    check_tracking_uri(uri)
+    client = _client(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return []
+    host = socket.gethostname()
+    query = (f"attributes.status = 'RUNNING' and tags.\"{Tag.STAGE}\" = '{stage}' "
+             f"and tags.\"{Tag.OWNER_HOST}\" = '{host}'")
+    reaped = []
+    for run in client.search_runs([found.experiment_id], query, max_results=1000):
+        pid = str(run.data.tags.get(str(Tag.OWNER_PID), ""))
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            reason = (f"its process (pid {pid} on {host}) died without closing the run (killed?); marked KILLED "
+                      f"by pid {os.getpid()}")
+            client.set_tag(run.info.run_id, str(Tag.FAILURE_REASON), reason)
+            client.set_terminated(run.info.run_id, status="KILLED")
+            reaped.append(run.info.run_id)
+    return reaped
+
+
 class MemoryTracker:
     """An in-memory tracker for unit tests and dry runs."""
 

@@ -31,7 +31,8 @@ def test_exact_dedup_matches_normalised_text_only():
 def test_near_dedup_catches_light_edits_and_keeps_different_texts():
     near = NearIndex(threshold=0.7, num_perm=128)
     assert near.check_add(signature(BASE, 128, 3), "base") is None
-    assert near.check_add(signature(SIMILAR, 128, 3), "similar") == "base"
+    key, sim = near.check_add(signature(SIMILAR, 128, 3), "similar")
+    assert key == "base" and 0.7 <= sim < 1
     assert near.check_add(signature(DIFFERENT, 128, 3), "different") is None
     # The same topic in other words is not a duplicate.
     other = ("Since Monday's storm the orange light on my modem flashes; evenings are the worst, the connection "
@@ -46,9 +47,9 @@ def test_earlier_snapshot_counts_as_seen(tmp_path):
     exact, near = ExactIndex(keys), NearIndex(0.7, 128, keys)
     assert load_prior(tmp_path, "snap-old", params, exact, near) == 1
     assert exact.check_add(exact_hash(BASE.upper()), "new") == "snap-old#0"
-    assert near.check_add(signature(SIMILAR, 128, 3), "new2") == "snap-old#0"
+    assert near.check_add(signature(SIMILAR, 128, 3), "new2")[0] == "snap-old#0"
     assert near.check_add(signature(DIFFERENT, 128, 3), "r-00000000000000ff") is None
-    assert near.check_add(signature(DIFFERENT + " ok", 128, 3), "r-0000000000000100") == "r-00000000000000ff"
+    assert near.check_add(signature(DIFFERENT + " ok", 128, 3), "r-0000000000000100")[0] == "r-00000000000000ff"
     with pytest.raises(ConfigError, match="num_perm=128"):
         load_prior(tmp_path, "snap-old", {**params, "num_perm": 64}, ExactIndex(), NearIndex(0.7, 64))
 
