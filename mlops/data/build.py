@@ -222,7 +222,7 @@ class Build:
         read = sum(c["records"] + c["issues"] for c in self.per_source.values())
         lost = Counter({k: v for k, v in self.counters.items()
                         if k.split(".")[0] in ("bad_input", "filter", "decontam", "dedup", "record")
-                        and k != "dedup.near_candidates"})
+                        and k != "dedup.near_candidates" and not k.startswith("dedup.prior_records")})
         reasons = ", ".join(f"{k} {v}" for k, v in lost.most_common(5)) or "no rejections"
         raise EmptySnapshotError(
             f"the build kept {kept} record(s) {when}, fewer than data.min_records={self.data.min_records}, from "
