@@ -133,3 +133,15 @@ def test_config_rejects_unknown_filters_languages_and_pii_types_when_read():
                        ({"gate": {"suite": "snapshot_bach"}}, "did you mean 'snapshot_batch'")):
         with pytest.raises(ConfigError, match=hint):
             validate_config({"base_model": "tiny", "data": data})
+
+
+@pytest.mark.parametrize(
+    ("prompt", "answer"),
+    [
+        ("Classify the priority of this ticket as low, medium or high.\n\nMy router is down.", "high"),
+        ("Extract the order number from this message.\n\nMy order number is NW-239360.", "NW-239360"),
+        ("Is the router covered by the warranty? Answer yes or no.", "Yes."),
+    ],
+)
+def test_short_answers_to_requests_for_short_answers_are_kept(prompt, answer):
+    assert run_filters(rec(prompt, answer), CFG) == (True, "")

@@ -122,14 +122,29 @@ def mixed_language(record: Record, cfg: FilterConfig) -> Verdict:
     return (False, "mixed_language") if ratio > cfg.max_mixed_language_ratio else OK
 
 
+# A request whose right answer is short: "Classify ... as low, medium or high", "Extract the order number".
+SHORT_REQUEST = re.compile(
+    r"\b(?:classify|categori[sz]e|label|tag|extract|one word|single word|yes or no|yes/no|true or false|answer with|"
+    r"reply with|respond with|only the|just the|only with|which (?:department|category|team|priority|plan|one)|"
+    r"how many|how much|what number|pick one|choose one|select one|rate|score|sentiment|translate|spell|"
+    r"name the|give the|return the|output the|what is the (?:order|ticket|account|total|date))\b",
+    re.IGNORECASE,
+)
+
+
 @FILTERS.register("short_answer")
 def short_answer(record: Record, cfg: FilterConfig) -> Verdict:
-    """Every assistant turn says something: "Ok", "Yes." and "Sure thing" teach nothing."""
+    """Every assistant turn says something: "Ok", "Yes." and "Sure thing" teach nothing, unless the turn before
+    asked for a short answer (a label, an extracted value, yes or no)."""
     if record.kind == "text":
         return OK
-    turns = [m["content"] for m in record.messages if m["role"] == "assistant"]
-    if any(len(words(t)) < cfg.min_answer_words for t in turns):
-        return False, "short_answer"
+    asked = ""
+    for m in record.messages:
+        if m["role"] != "assistant":
+            asked = m["content"]
+            continue
+        if len(words(m["content"])) < cfg.min_answer_words and not SHORT_REQUEST.search(asked):
+            return False, "short_answer"
     return OK
 
 
