@@ -7,7 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlops.data.labelled_pii import CUED, HANDWRITTEN, HANDWRITTEN_LOOKALIKES, Case, pii_cases, score
+from mlops.data.labelled_pii import (
+    CUED,
+    HANDWRITTEN,
+    HANDWRITTEN_LOOKALIKES,
+    HELD_OUT,
+    HELD_OUT_LOOKALIKES,
+    Case,
+    pii_cases,
+    score,
+)
 from mlops.data.pii import ALL_TYPES, DETECTORS, Scrubber, check_types, luhn_ok, redact
 from mlops.errors import ConfigError
 
@@ -93,7 +102,8 @@ def test_labelled_set_meets_recall_and_false_positive_goals(scrubber):
 
 
 def test_hand_written_messages_outside_the_generator(scrubber):
-    cases = [Case(t, v) for t, v in HANDWRITTEN] + [Case(t, [], "hand") for t in HANDWRITTEN_LOOKALIKES]
+    cases = [Case(t, v) for t, v in HANDWRITTEN + HELD_OUT] + [
+        Case(t, [], "hand") for t in HANDWRITTEN_LOOKALIKES + HELD_OUT_LOOKALIKES]
     result = score(cases, scrubber.scrub)
     masked = sum(r["masked"] * r["n"] for r in result["recall"].values()) / sum(r["n"] for r in result["recall"].values())
     assert masked >= 0.95 and result["lookalike_fp"] <= 0.05

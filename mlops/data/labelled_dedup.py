@@ -118,17 +118,20 @@ def exact_jaccard(a: str, b: str, k: int = 3) -> float:
     return len(sa & sb) / len(sa | sb) if sa | sb else 1.0
 
 
-def evaluate(cases: list[DedupCase], index, num_perm: int = 128, shingle: int = 3, threshold: float = 0.7) -> dict:
-    """Replay the records in order through `index.check_add(sig, key)` (exact duplicates never occur here)."""
+def signatures(cases: list[DedupCase], num_perm: int = 128, shingle: int = 3) -> list:
     from mlops.data.dedup import signature
 
+    return [signature(c.text, num_perm, shingle) for c in cases]
+
+
+def evaluate(cases: list[DedupCase], index, sigs: list | None = None, shingle: int = 3, threshold: float = 0.7) -> dict:
+    """Replay the records in order through `index.check_add(sig, key)` (exact duplicates never occur here)."""
+    sigs = sigs if sigs is not None else signatures(cases, index.num_perm, shingle)
     by_id = {c.record_id: c for c in cases}
-    kept_groups: set[int] = set()
     drops = right = right_by_rule = 0
-    for case in cases:
-        match = index.check_add(signature(case.text, num_perm, shingle), case.record_id)
+    for case, sig in zip(cases, sigs, strict=True):
+        match = index.check_add(sig, case.record_id)
         if match is None:
-            kept_groups.add(case.group)
             continue
         earlier = match[0] if isinstance(match, tuple) else match
         drops += 1

@@ -22,13 +22,14 @@ PASSWORD_RE = re.compile(
     r"\b(?:password|passwort|passwd|passphrase|passcode|pass\s?code|pass\s?word|pwd|pw|kennwort|mot de passe|"
     r"contraseña|contrasena|senha|wifi key|wi-fi key|wpa key|network key|pin(?:\s?code|\s?number)?)"
     r"(?:\s+(?:for|on|of)\s+(?:the\s+|my\s+|our\s+|your\s+)?[\w.-]+(?:\s+[\w.-]+)?)?"
-    r"(?P<link>\s+(?:is|was|will\s+be|should\s+be|would\s+be|is\s+now|is\s+still|=|:|-|set\s+to|changed\s+to|"
+    r"(?P<link>['’]s|\s+(?:is|was|will\s+be|should\s+be|would\s+be|is\s+now|is\s+still|=|:|-|set\s+to|changed\s+to|"
     r"reset\s+to|to|as|ist|est|es|é)|\s*[:=])\s*"
     r"(?:(?P<q>[\"'“‘«`])(?P<quoted>[^\"'”’»`\n]{1,80})[\"'”’»`]|(?P<bare>\S{2,80}))",
     re.IGNORECASE,
 )
 # "login bob, password hunter2": no linking word, so only a value that does not read as a word.
 BARE_PASSWORD_RE = re.compile(r"\b(?:password|passwd|pwd|pw|passcode|pass)\s+(?P<bare>\S{4,80})", re.IGNORECASE)
+CONTRACTION = re.compile(r"[A-Za-z]+['’][A-Za-z]{1,2}")  # "doesn't", "won't", "it's": a sentence goes on
 # Words that follow "my password is" in sentences that give no password away.
 NOT_A_PASSWORD = set("""
 not wrong incorrect correct right invalid expired locked blocked working broken reset changed required needed the a an
@@ -57,7 +58,7 @@ def find_password(text: str) -> Iterator[Span]:
         start = m.start("bare")
         if len(value) < 2 or value.lower() in NOT_A_PASSWORD:
             continue
-        if "link" not in m.groupdict() and (value.isalpha() or len(value) < 4):
+        if "link" not in m.groupdict() and (value.isalpha() or len(value) < 4 or CONTRACTION.fullmatch(value)):
             continue
         is_pin = m.group(0).lower().lstrip().startswith("pin")
         if is_pin and not re.fullmatch(r"\d{3,8}", value):

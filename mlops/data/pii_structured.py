@@ -262,8 +262,11 @@ def _ipv6(candidate: str) -> bool:
 
 
 def find_ip(text: str) -> Iterator[Span]:
-    for m in IPV4_RE.finditer(text):
-        if not VERSION_CUE.search(before(text, m.start())) and not labelled_reference(text, m.start(), IP_CUE):
+    quads = list(IPV4_RE.finditer(text))
+    # A value called a version anywhere in the message is a version everywhere in it.
+    versions = {m.group(0) for m in quads if VERSION_CUE.search(before(text, m.start()))}
+    for m in quads:
+        if m.group(0) not in versions and not labelled_reference(text, m.start(), IP_CUE):
             yield m.span()
     if ":" in text:
         yield from (m.span() for m in IPV6_RE.finditer(text) if _ipv6(m.group(0)))
@@ -275,6 +278,9 @@ SSN_RE = re.compile(r"(?<![\w-])(\d{3})([- \u00a0])(\d{2})\2(\d{4})(?![\w]|-\d)"
 BARE9_RE = re.compile(r"(?<![\w-])\d{9}(?![\w]|-\d)")
 SSN_CUE = re.compile(r"\b(?:ssn|ss#|ss no|social security|social sec|social-security|itin|tin|tax id|"
                      r"taxpayer id|sin|social insurance)\b", re.IGNORECASE)
+# HMRC's own examples (QQ 12 34 56 A) break the prefix rules below; after a cue any two letters will do.
+NINO_CUE_RE = re.compile(r"\b(?:nino|ni\s+(?:no\.?|number)|national\s+insurance(?:\s+(?:no\.?|number))?)\s*(?:is|:|#)?\s*"
+                         r"(?P<value>[A-Z]{2} ?\d{2} ?\d{2} ?\d{2} ?[A-D])\b", re.IGNORECASE)
 UK_NINO_RE = re.compile(r"\b(?!BG|GB|NK|KN|TN|NT|ZZ)[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z] ?\d{2} ?\d{2} ?\d{2} ?[A-D]\b")
 ID_CUE_VALUE = re.compile(
     r"\b(?:passport|driver'?s?\s+licen[cs]e|driving\s+licen[cs]e|licen[cs]e\s+(?:number|no\.?)|national\s+id|"
@@ -319,6 +325,7 @@ def find_national_id(text: str) -> Iterator[Span]:
         if SSN_CUE.search(before(text, m.start(), 40)) and _ssn_parts_ok(d[:3], d[3:5], d[5:]):
             yield m.span()
     yield from (m.span() for m in UK_NINO_RE.finditer(text))
+    yield from (m.span("value") for m in NINO_CUE_RE.finditer(text))
     for m in ID_CUE_VALUE.finditer(text):
         value = m.group("value").strip()
         # "customer id number 1234567" is a reference, not an identity document.
