@@ -49,10 +49,16 @@ def shingles(text: str, k: int) -> list[bytes]:
     return [" ".join(tokens[i : i + k]).encode() for i in range(len(tokens) - k + 1)]
 
 
+_PERMUTATIONS: dict[int, object] = {}
+
+
 def signature(text: str, num_perm: int, k: int) -> np.ndarray:
     from datasketch import MinHash
 
-    mh = MinHash(num_perm=num_perm, seed=MINHASH_SEED, scheme=SCHEME)
+    # Drawing the permutations costs more than hashing a short text: draw them once per process.
+    if num_perm not in _PERMUTATIONS:
+        _PERMUTATIONS[num_perm] = MinHash(num_perm=num_perm, seed=MINHASH_SEED, scheme=SCHEME).permutations
+    mh = MinHash(num_perm=num_perm, seed=MINHASH_SEED, scheme=SCHEME, permutations=_PERMUTATIONS[num_perm])
     mh.update_batch(shingles(text, k))
     return mh.hashvalues.astype(np.uint32)
 

@@ -57,11 +57,12 @@ class DiskNearIndex:
         self.num_perm = num_perm
         self.threshold = threshold
         self.candidates = 0
-        db.execute("CREATE TABLE IF NOT EXISTS bands (h INTEGER NOT NULL, key TEXT NOT NULL, PRIMARY KEY (h, key))"
+        # Each indexed record once in `sigs` (its key and signature); band rows point at it by row number.
+        db.execute("CREATE TABLE IF NOT EXISTS sigs (r INTEGER PRIMARY KEY, key TEXT NOT NULL, sig BLOB NOT NULL)")
+        db.execute("CREATE TABLE IF NOT EXISTS bands (h INTEGER NOT NULL, r INTEGER NOT NULL, PRIMARY KEY (h, r))"
                    " WITHOUT ROWID")
-        db.execute("CREATE TABLE IF NOT EXISTS sigs (key TEXT PRIMARY KEY, sig BLOB NOT NULL) WITHOUT ROWID")
-        self._query = (f"SELECT s.key, s.sig FROM sigs s WHERE s.key IN "
-                       f"(SELECT DISTINCT key FROM bands WHERE h IN ({','.join('?' * self.b)}))")
+        self._query = (f"SELECT key, sig FROM sigs WHERE r IN "
+                       f"(SELECT DISTINCT r FROM bands WHERE h IN ({','.join('?' * self.b)}))")
 
     def bands(self, sig: np.ndarray) -> list[int]:
         raw = np.asarray(sig, dtype="<u4")
@@ -88,5 +89,6 @@ class DiskNearIndex:
         self._insert(self.bands(sig), self.keys.decode(key), sig)
 
     def _insert(self, hashes: list[int], key: str, sig: np.ndarray) -> None:
-        self.db.executemany("INSERT OR IGNORE INTO bands VALUES (?, ?)", [(h, key) for h in hashes])
-        self.db.execute("INSERT OR REPLACE INTO sigs VALUES (?, ?)", (key, np.asarray(sig, dtype="<u4").tobytes()))
+        row = self.db.execute("INSERT INTO sigs (key, sig) VALUES (?, ?)",
+                              (key, np.asarray(sig, dtype="<u4").tobytes())).lastrowid
+        self.db.executemany("INSERT OR IGNORE INTO bands VALUES (?, ?)", [(h, row) for h in hashes])

