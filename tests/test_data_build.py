@@ -283,3 +283,20 @@ def test_packing_puts_several_records_in_one_sequence(build):
     assert sample.attention_mask.sum() <= 512 and 0 < sample.loss_mask.sum() < sample.attention_mask.sum()
     tokens = packed.manifest["counts"]["per_split"]["train"]["loss_tokens"]
     assert sum(int(reader.get(i).loss_mask.sum()) for i in range(len(reader))) == tokens
+
+
+def test_a_record_that_breaks_a_step_costs_only_itself(build, monkeypatch):
+    from mlops.data import filters
+
+    real = filters.markup_ratio
+
+    def fragile(text):
+        if "trigger-the-bug" in text:
+            raise RecursionError("maximum recursion depth exceeded")
+        return real(text)
+
+    monkeypatch.setattr(filters, "markup_ratio", fragile)
+    records = good_records(20) + [chat("Please look at trigger-the-bug in my account, it fails again.",
+                                       "We looked at it and fixed the account settings for you today.")]
+    m = build(records).manifest
+    assert m["counters"]["error.RecursionError"] == 1 and m["counters"]["cleaning.kept"] == 20

@@ -128,3 +128,16 @@ def test_disk_index_keeps_the_same_records_as_datasketch_in_memory(tmp_path):
     assert all(d == m for d, m in verdicts)
     assert sum(d for d, _ in verdicts[150:]) == 30  # every injected copy caught
     assert disk[1].b * disk[1].r <= 128 and (disk[1].b, disk[1].r) == (memory[1].lsh.b, memory[1].lsh.r)
+
+
+@pytest.mark.parametrize("where", ["memory", "disk"])
+def test_lsh_candidates_below_the_threshold_are_not_dropped(tmp_path, where):
+    """Template-heavy distinct conversations collide in LSH bands; only confirmed similarity drops a record."""
+    from mlops.data.diskindex import DiskNearIndex, connect
+    from mlops.data.labelled_dedup import dedup_cases, evaluate
+
+    cases = dedup_cases(2000, seed=3)
+    index = NearIndex(0.7, 128) if where == "memory" else DiskNearIndex(connect(tmp_path / "i.sqlite"), 0.7, 128, Keys())
+    result = evaluate(cases, index)
+    assert index.candidates > result["drops"]  # LSH proposed pairs that confirmation turned down
+    assert result["precision"] >= 0.99 and result["recall"] >= 0.95

@@ -221,7 +221,7 @@ class Build:
             return
         read = sum(c["records"] + c["issues"] for c in self.per_source.values())
         lost = Counter({k: v for k, v in self.counters.items()
-                        if k.split(".")[0] in ("bad_input", "filter", "decontam", "dedup", "record")
+                        if k.split(".")[0] in ("bad_input", "filter", "decontam", "dedup", "record", "error")
                         and k != "dedup.near_candidates" and not k.startswith("dedup.prior_records")})
         reasons = ", ".join(f"{k} {v}" for k, v in lost.most_common(5)) or "no rejections"
         raise EmptySnapshotError(

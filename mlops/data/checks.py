@@ -45,6 +45,8 @@ def check_record(position: int, record, policy: RecordPolicy) -> Checked:
         ids, mask = tokenizer().encode(record)
     except TemplateFailure as err:
         return _reject(position, record, "template_error", {"error": str(err)}, policy)
+    except Exception as err:  # noqa: BLE001 - a record the tokenizer chokes on costs itself, not its batch
+        return _reject(position, record, "tokenize_error", {"error": type(err).__name__}, policy)
     n = len(ids)
     truncated = False
     if n > policy.seq_len:

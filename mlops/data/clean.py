@@ -59,27 +59,30 @@ def clean_chunk(records: list[Record]) -> tuple[list[Cleaned], dict[str, int]]:
     index: EvalIndex = _STATE["index"]
     scrubber.counts.clear()
     out = []
-    limit = cfg.excerpt_chars
-    early_length = "length" in cfg.filters.steps
     for record in records:
-        if early_length and sum(len(m["content"]) for m in record.messages) > cfg.filters.max_chars:
-            out.append(_reject(record, "filter", "too_long", limit))
-            continue
-        for message in record.messages:
-            message["content"] = scrubber.scrub(message["content"])
-        text = record.text
-        ok, reason = run_filters(record, cfg.filters)
-        if not ok:
-            out.append(_reject(record, "filter", reason, limit))
-            continue
-        hit = index.find(text)
-        if hit is not None:
-            ref, gram = hit
-            out.append(_reject(record, "decontam", "eval_overlap", limit, {**ref, "ngram": gram}))
-            continue
-        sig = signature(text, cfg.dedup.num_perm, cfg.dedup.shingle) if cfg.dedup.near else None
-        out.append(Cleaned(record, exact=exact_hash(text), sig=sig))
+        try:
+            out.append(_clean_one(record, cfg, scrubber, index))
+        except Exception as err:  # noqa: BLE001 - a record the steps cannot handle costs itself, not the build
+            out.append(_reject(record, "error", type(err).__name__, cfg.excerpt_chars))
     return out, dict(scrubber.counts)
+
+
+def _clean_one(record: Record, cfg: DataConfig, scrubber: Scrubber, index: EvalIndex) -> Cleaned:
+    limit = cfg.excerpt_chars
+    if "length" in cfg.filters.steps and sum(len(m["content"]) for m in record.messages) > cfg.filters.max_chars:
+        return _reject(record, "filter", "too_long", limit)
+    for message in record.messages:
+        message["content"] = scrubber.scrub(message["content"])
+    text = record.text
+    ok, reason = run_filters(record, cfg.filters)
+    if not ok:
+        return _reject(record, "filter", reason, limit)
+    hit = index.find(text)
+    if hit is not None:
+        ref, gram = hit
+        return _reject(record, "decontam", "eval_overlap", limit, {**ref, "ngram": gram})
+    sig = signature(text, cfg.dedup.num_perm, cfg.dedup.shingle) if cfg.dedup.near else None
+    return Cleaned(record, exact=exact_hash(text), sig=sig)
 
 
 def encode_sig(sig: np.ndarray | None) -> str | None:

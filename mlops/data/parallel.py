@@ -18,7 +18,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
+
+from mlops.errors import MLOpsError
+
+
+class WorkerDied(MLOpsError):
+    """A worker process died (killed by the OS, out of memory, a crash in native code)."""
 
 PARENT_POLL_S = 1.0
 
@@ -107,14 +114,21 @@ class OrderedPool:
             return
         pending: deque[tuple[Any, Future]] = deque()
         limit = self.workers * 2
-        for chunk in chunks:
-            pending.append((chunk, self._pool.submit(fn, chunk)))
-            if len(pending) >= limit:
+        try:
+            for chunk in chunks:
+                pending.append((chunk, self._pool.submit(fn, chunk)))
+                if len(pending) >= limit:
+                    done, future = pending.popleft()
+                    yield done, future.result()
+            while pending:
                 done, future = pending.popleft()
                 yield done, future.result()
-        while pending:
-            done, future = pending.popleft()
-            yield done, future.result()
+        except BrokenProcessPool:
+            raise WorkerDied(
+                f"a data worker process died while running {getattr(fn, '__name__', fn)} (killed by the OS, most "
+                "likely out of memory). Fix: lower data.workers or data.batch_size, or give the build more memory; "
+                "nothing was published."
+            ) from None
 
 
 def chunked(items: Iterable[Any], size: int) -> Iterator[list[Any]]:

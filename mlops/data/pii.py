@@ -1,10 +1,10 @@
 """PII scrubbing: typed placeholders ([EMAIL], [PHONE], [CREDIT_CARD], ...) for what the registered detectors
 find.
 
-Every detector maps the original text to spans (mlops.data.pii_structured for checksummed and library-parsed
-types, mlops.data.pii_context for cue-led ones). Overlapping spans are settled by a fixed precedence, most
-specific first (an API key before an email inside it, a card before a phone number), whatever the order of
-`data.pii.types`; then each kept span becomes its type's placeholder. `redact()` is the one way a rejected
+Every detector maps the original text to spans (mlops.data.pii_structured and mlops.data.pii_ids for
+checksummed and library-parsed types, mlops.data.pii_context for cue-led ones). Overlapping spans are settled
+by a fixed precedence, most specific first (an API key before an email inside it, a card before a phone
+number), whatever the order of `data.pii.types`; then each kept span becomes its type's placeholder. `redact()` is the one way a rejected
 record's text may leave the pipeline: every detector, then a length bound.
 """
 
@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from mlops.data import pii_context as ctx
+from mlops.data import pii_ids as ids
 from mlops.data import pii_structured as st
 from mlops.errors import ConfigError, did_you_mean
 from mlops.plugins import Registry
@@ -33,11 +34,11 @@ class Detector:
 DETECTORS: Registry[Detector] = Registry("PII detector")
 # Precedence when spans overlap, most specific first.
 for _det in (
-    Detector("api_key", "[API_KEY]", st.find_api_key),
+    Detector("api_key", "[API_KEY]", ids.find_api_key),
     Detector("email", "[EMAIL]", st.find_email),
     Detector("iban", "[IBAN]", st.find_iban),
     Detector("credit_card", "[CREDIT_CARD]", st.find_card),
-    Detector("national_id", "[NATIONAL_ID]", st.find_national_id),
+    Detector("national_id", "[NATIONAL_ID]", ids.find_national_id),
     Detector("ip_address", "[IP_ADDRESS]", st.find_ip),
     Detector("date_of_birth", "[DATE_OF_BIRTH]", ctx.find_date_of_birth, cued=True),
     Detector("password", "[PASSWORD]", ctx.find_password, cued=True),
