@@ -78,13 +78,15 @@ def test_issue_messages_quote_no_value_and_excerpts_are_redacted(tmp_path):
     rows = [{"text": ["mail jane.doe@example.com", "call +1 415 555 0132"]},
             {"messages": "jane.doe@example.com is not a list"},
             {"messages": [{"role": "jane.doe@example.com", "content": "x"}]},
-            '{"text": "jane.doe@example.com and then it breaks']
+            '{"text": "jane.doe@example.com and then it breaks',
+            {"jane.doe@example.com": "a dict keyed by an address"},
+            {"messages": [{"role": "Jane Doe", "content": "x"}]}]
     path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
     issues = read(path)
-    assert len(issues) == 4 and all(isinstance(i, Issue) for i in issues)
+    assert len(issues) == 6 and all(isinstance(i, Issue) for i in issues)
     for issue in issues:
         text = json.dumps(issue.as_dict())
-        assert "jane.doe" not in text and "555 0132" not in text, text
+        assert "jane.doe" not in text and "555 0132" not in text and "Jane Doe" not in issue.problem, text
     assert "[EMAIL]" in issues[0].excerpt and "[PHONE]" in issues[0].excerpt
 
 

@@ -22,7 +22,7 @@ from mlops.data.config import DataConfig
 from mlops.data.decontam import EvalIndex
 from mlops.data.dedup import ExactIndex, NearIndex, exact_hash, signature
 from mlops.data.filters import run_filters
-from mlops.data.pii import Scrubber
+from mlops.data.pii import Scrubber, redact
 from mlops.data.quarantine import Quarantine, excerpt
 from mlops.data.records import Record
 
@@ -80,7 +80,8 @@ def _clean_one(record: Record, cfg: DataConfig, scrubber: Scrubber, index: EvalI
     hit = index.find(text)
     if hit is not None:
         ref, gram = hit
-        return _reject(record, "decontam", "eval_overlap", limit, {**ref, "ngram": gram})
+        # The shared n-gram is the record's text too: it leaves the worker redacted, like any excerpt.
+        return _reject(record, "decontam", "eval_overlap", limit, {**ref, "ngram": redact(gram, 200)})
     sig = signature(text, cfg.dedup.num_perm, cfg.dedup.shingle) if cfg.dedup.near else None
     return Cleaned(record, exact=exact_hash(text), sig=sig)
 

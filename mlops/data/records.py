@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -189,6 +190,16 @@ def _text(row: dict, field: str, optional: bool = False) -> str:
     return value
 
 
+# Role names other datasets use: safe to quote. Any other value might be a name or an address: not quoted.
+COMMON_ROLES = {"bot", "human", "gpt", "model", "ai", "agent", "customer", "client", "tool", "function", "ipython",
+                "developer", "operator", "support", "assistant_", "sys", "usr", "prompter", "chatbot", "response"}
+
+
+def _field_name(key: str) -> str:
+    """A key as it may be quoted in a problem: a plain identifier, else only its length (keys can hold data)."""
+    return key if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_\-]{0,29}", key) else f"<{len(key)} chars>"
+
+
 def _a(value: Any) -> str:
     """'an int', 'a list': the type of a value, never the value (it may hold personal data)."""
     name = type(value).__name__
@@ -209,7 +220,7 @@ def normalise(row: Any) -> tuple[str, list[dict[str, str]]]:
         return "instruction", [{"role": "user", "content": prompt}, {"role": "assistant", "content": output}]
     if "text" in row:
         return "text", [{"role": "text", "content": _text(row, "text")}]
-    keys = ", ".join(sorted(str(k)[:30] for k in row)[:8]) or "(none)"
+    keys = ", ".join(_field_name(k) for k in sorted(map(str, row))[:8]) or "(none)"
     raise UnknownShape(f"unknown record shape with keys [{keys}]", "use `messages` (chat), `instruction`/`input`/"
                        "`output` (instruction) or `text` (pretraining)")
 
@@ -232,8 +243,7 @@ def _chat(messages: Any) -> list[dict[str, str]]:
             raise WrongType("a message must be an object", "write {\"role\": ..., \"content\": ...}", field)
         role, content = msg.get("role"), msg.get("content")
         if role not in ROLES:
-            shown = repr(role) if role is None or (isinstance(role, str) and role.isidentifier() and len(role) < 20) \
-                else _a(role)
+            shown = repr(role) if role is None or str(role).lower() in COMMON_ROLES else _a(role)
             raise UnknownRole(f"unknown role {shown}", f"use one of {', '.join(ROLES)}", f"{field}.role")
         if content is None:
             raise MissingField("missing field 'content'", "give every message a content string", f"{field}.content")
