@@ -40,6 +40,7 @@ def test_show_verify_and_errors_without_traceback(mlops_home):
     assert "Traceback" not in typo.stderr and "BrokenProcessPool" not in typo.stderr
 
 
+@pytest.mark.slow
 def test_verify_advice_is_a_command_that_repairs_the_snapshot(mlops_home, tiny_model):
     from mlops.data.labelled_dedup import conversations
     from mlops.data.testing import quick_build

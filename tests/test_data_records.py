@@ -129,3 +129,22 @@ def test_source_changed_while_reading_stops_the_build(tmp_path):
     stale = read_source(path, "live.jsonl", "jsonl", "general", "0" * 64)  # changed after it was hashed
     with pytest.raises(SourceChangedError):
         list(stale)
+
+
+def test_exports_with_a_bom_semicolons_tabs_or_one_json_array_are_read(tmp_path):
+    chat_cell = json.dumps(CHAT["messages"])
+    semicolons = tmp_path / "excel.csv"
+    semicolons.write_bytes(b"\xef\xbb\xbf" + f'messages;domain\n"{chat_cell.replace(chr(34), chr(34) * 2)}";domain\n'.encode())
+    (record,) = read(semicolons, "csv")
+    assert record.kind == "chat" and record.domain == "domain"
+    tabs = tmp_path / "export.tsv"
+    tabs.write_text("instruction\tinput\toutput\nSummarise.\tLong ticket text.\tShort.\n")
+    (record,) = read(tabs, "csv")
+    assert record.kind == "instruction" and record.messages[1]["content"] == "Short."
+    bom_jsonl = tmp_path / "bom.jsonl"
+    bom_jsonl.write_bytes(b"\xef\xbb\xbf" + json.dumps(TEXT).encode() + b"\n")
+    assert isinstance(read(bom_jsonl)[0], Record)
+    array = tmp_path / "records.json"
+    array.write_text(json.dumps([CHAT, INSTRUCTION, {"question": "?"}], indent=2))
+    chat, instruction, issue = read(array)
+    assert (chat.kind, instruction.kind, issue.code, issue.line) == ("chat", "instruction", "unknown_shape", 3)

@@ -271,10 +271,46 @@ def _not_utf8(raw: bytes, err: UnicodeDecodeError) -> NotUTF8:
     return NotUTF8(f"not UTF-8: byte 0x{raw[err.start]:02x} at column {err.start + 1}", "re-encode the file as UTF-8")
 
 
+BOM = b"\xef\xbb\xbf"
+
+
+def _json_array_rows(path: Path, digest) -> Iterator[Row] | None:
+    """A `.json` file holding one array of records (not JSON Lines): its elements, numbered from 1."""
+    if path.suffix.lower() != ".json":
+        return None
+    with path.open("rb") as fh:
+        head = fh.read(4096).removeprefix(BOM).lstrip()
+    if not head.startswith(b"["):
+        return None
+
+    def rows() -> Iterator[Row]:
+        data = path.read_bytes()
+        digest.update(data)
+        try:
+            items = json.loads(data.removeprefix(BOM).decode("utf-8"))
+        except UnicodeDecodeError as err:
+            yield 1, _not_utf8(data, err), ""
+            return
+        except (json.JSONDecodeError, RecursionError) as err:
+            where = f" at line {err.lineno}, column {err.colno}" if isinstance(err, json.JSONDecodeError) else ""
+            yield 1, MalformedJSON(f"malformed JSON array{where}", "write valid JSON, or one object per line"), ""
+            return
+        for number, item in enumerate(items, start=1):
+            yield number, item, item
+
+    return rows()
+
+
 def _jsonl_rows(path: Path, digest) -> Iterator[Row]:
+    array = _json_array_rows(path, digest)
+    if array is not None:
+        yield from array
+        return
     with path.open("rb") as fh:
         for number, raw in enumerate(fh, start=1):
             digest.update(raw)
+            if number == 1:
+                raw = raw.removeprefix(BOM)  # files saved by Excel or Notepad start with one
             if not raw.strip():
                 continue
             try:
@@ -305,14 +341,14 @@ def _csv_rows(path: Path, digest) -> Iterator[Row]:
                 digest.update(raw)
                 state["line"] = number
                 try:
-                    yield raw.decode("utf-8")
+                    yield (raw.removeprefix(BOM) if number == 1 else raw).decode("utf-8")
                 except UnicodeDecodeError as err:
                     state["bad"] = (number, _not_utf8(raw, err), raw.decode("utf-8", "replace"))
                     yield ""
 
     previous = csv.field_size_limit(min(CSV_FIELD_LIMIT, sys.maxsize))
     try:
-        reader = csv.DictReader(lines())
+        reader = csv.DictReader(lines(), delimiter=_delimiter(path))
         while True:
             try:
                 row = next(reader)
@@ -330,6 +366,15 @@ def _csv_rows(path: Path, digest) -> Iterator[Row]:
             yield state["line"], {k: v for k, v in row.items() if k is not None and v not in (None, "")}, row
     finally:
         csv.field_size_limit(previous)
+
+
+def _delimiter(path: Path) -> str:
+    """Tab for .tsv; otherwise whichever of , ; tab | the header line uses most (European exports use ;)."""
+    if path.suffix.lower() == ".tsv":
+        return "\t"
+    with path.open("rb") as fh:
+        header = fh.readline().decode("utf-8", "replace")
+    return max(",;\t|", key=lambda d: (header.count(d), d == ","))
 
 
 def _parquet_rows(path: Path, digest) -> Iterator[Row]:
