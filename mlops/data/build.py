@@ -189,11 +189,12 @@ class Build:
     def run(self) -> dict:
         inputs, data = self.inputs, self.data
         cfg_json = data.model_dump_json()
-        eval_index = self.eval_index()
-        tokenize.preload(inputs.model["path"])
-        import great_expectations  # noqa: F401 - imported once here, so forked workers inherit it
-        started = time.time()
         try:
+            eval_index = self.eval_index()
+            tokenize.preload(inputs.model["path"])
+            import great_expectations  # noqa: F401 - imported once here, so forked workers inherit it
+
+            started = time.time()
             with OrderedPool(data.workers, _init_workers, (cfg_json, eval_index, inputs.model["path"])) as pool:
                 cleaner, available, paths = self.clean(pool)
                 self.require_records(sum(available.values()), "after cleaning")

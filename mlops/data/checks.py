@@ -63,7 +63,11 @@ def check_record(position: int, record, policy: RecordPolicy) -> Checked:
 
 
 def _reject(position: int, record, reason: str, detail: dict, policy: RecordPolicy) -> Checked:
-    return Checked(position, reason=reason, detail=detail, excerpt=excerpt(record.messages, policy.excerpt_chars))
+    try:
+        cut = excerpt(record.messages, policy.excerpt_chars)
+    except Exception:  # noqa: BLE001 - the redactor failed on it: keep no text at all
+        cut = excerpt(record.messages, 0)
+    return Checked(position, reason=reason, detail=detail, excerpt=cut)
 
 
 def batch_frame(rows: list[dict], checked: list[Checked], targets: dict[str, float]):

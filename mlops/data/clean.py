@@ -32,7 +32,7 @@ _STATE: dict = {}
 @dataclass
 class Cleaned:
     record: Record
-    stage: str = ""  # "" = kept so far; else filter | decontam | dedup
+    stage: str = ""  # "" = kept so far; else filter | decontam | dedup | error
     reason: str = ""
     detail: dict = field(default_factory=dict)
     exact: int = 0
@@ -63,7 +63,10 @@ def clean_chunk(records: list[Record]) -> tuple[list[Cleaned], dict[str, int]]:
         try:
             out.append(_clean_one(record, cfg, scrubber, index))
         except Exception as err:  # noqa: BLE001 - a record the steps cannot handle costs itself, not the build
-            out.append(_reject(record, "error", type(err).__name__, cfg.excerpt_chars))
+            try:
+                out.append(_reject(record, "error", type(err).__name__, cfg.excerpt_chars))
+            except Exception:  # noqa: BLE001 - the redactor itself failed on it: keep no text at all
+                out.append(_reject(record, "error", type(err).__name__, 0))
     return out, dict(scrubber.counts)
 
 
