@@ -118,7 +118,7 @@ def start_build(home: Path, config: Path) -> tuple[subprocess.Popen, list[int]]:
 
 @pytest.mark.slow
 def test_killed_builds_leave_nothing_behind_once_the_next_build_starts(mlops_home, tiny_model):
-    config = write_config(mlops_home, tiny_model, records=4000)
+    config = write_config(mlops_home, tiny_model, records=2000)
 
     proc, workers = start_build(mlops_home, config)  # SIGTERM: the build cleans up itself
     proc.send_signal(signal.SIGTERM)
