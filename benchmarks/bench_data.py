@@ -1,13 +1,20 @@
-"""Data snapshot build: throughput at 1x and 4x the sample data, peak RSS, and the worker speed-up.
+"""Data snapshots: PII recall and look-alike false positives, near-dedup precision and recall, then build
+throughput at 1x and 4x the sample data, peak RSS, and the worker speed-up.
 
-Each build runs in a fresh child process with a fresh project home, so peak RSS and timings are its own.
-Printed ratios (all measured in this one run):
+PII (mlops.data.labelled_pii): recall per type on the generated labelled set (goal >= 0.95 for structured
+  types, >= 0.80 for context-cued ones; "masked" = the value is gone, "typed" = by its own placeholder),
+  false positives on look-alikes (goal <= 2%), and the same on the hand-written set outside the generator.
+Dedup (mlops.data.labelled_dedup): precision and recall of near-duplicate drops at 2k..20k records, with
+  LSH candidates confirmed against the threshold (memory and disk index) and, for comparison, without
+  (every LSH candidate dropped, the old behaviour). Goal: precision >= 0.99 at every size.
+Build: each build runs in a fresh child process with a fresh project home, so peak RSS and timings are its own.
   cost ratio 4x/1x      build seconds at 4x / at 1x          (target <= 4.6: cost grows about linearly)
   RSS ratio 4x/1x       peak RSS of the build process        (flat: streaming, batch by batch)
   speed-up 2 vs 1       build seconds with 1 worker / with 2, best of two runs each (scrub, filters, MinHash,
                         tokenization and the GE gate run in a process pool over chunks and batches)
 
-Usage: .venv/bin/python benchmarks/bench_data.py [--scales 1 4] [--json out.json]
+Usage: .venv/bin/python benchmarks/bench_data.py [--parts pii dedup build] [--dedup-sizes 2000 20000]
+       [--scales 1 4] [--json out.json]
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -73,12 +81,109 @@ def run_build(work: Path, scale: int, workers: int, tag: str = "a") -> dict:
     return result
 
 
+def bench_pii() -> dict:
+    from mlops.data.labelled_pii import (
+        CUED,
+        HANDWRITTEN,
+        HANDWRITTEN_LOOKALIKES,
+        HELD_OUT,
+        HELD_OUT_LOOKALIKES,
+        Case,
+        pii_cases,
+        score,
+    )
+    from mlops.data.pii import ALL_TYPES, Scrubber
+
+    scrubber = Scrubber(ALL_TYPES)
+    cases = pii_cases()
+    started = time.perf_counter()
+    generated = score(cases, scrubber.scrub)
+    seconds = time.perf_counter() - started
+    chars = sum(len(c.text) for c in cases)
+    hand = score([Case(t, v) for t, v in HANDWRITTEN + HELD_OUT]
+                 + [Case(t, [], "hand") for t in HANDWRITTEN_LOOKALIKES + HELD_OUT_LOOKALIKES], scrubber.scrub)
+    print(f"PII, labelled set: {len(cases)} messages ({generated['lookalikes']} look-alikes), "
+          f"{chars / seconds / 1000:.0f}k chars/s with all {len(ALL_TYPES)} detectors")
+    print(f"  {'type':15} {'kind':10} {'n':>5} {'masked':>7} {'typed':>7} {'goal':>6}   hand-written: {'n':>3} {'masked':>7}")
+    for kind, row in generated["recall"].items():
+        goal = 0.80 if kind in CUED else 0.95
+        h = hand["recall"].get(kind, {"n": 0, "masked": float("nan")})
+        print(f"  {kind:15} {'cued' if kind in CUED else 'structured':10} {row['n']:>5} {row['masked']:>7.3f} "
+              f"{row['typed']:>7.3f} {goal:>6.2f} {'OK' if row['masked'] >= goal else 'LOW':>4}   {h['n']:>16} "
+              f"{h['masked']:>7.3f}")
+    fp = generated["lookalike_fp"]
+    print(f"  look-alike false positives: {fp:.2%} of {generated['lookalikes']} (goal <= 2%: "
+          f"{'OK' if fp <= 0.02 else 'HIGH'}); hand-written: {hand['lookalike_fp']:.2%} of {hand['lookalikes']}")
+    print("  by family: " + ", ".join(f"{k} {v:.1%}" for k, v in generated["lookalike_fp_by_kind"].items()))
+    return {"generated": generated, "handwritten": hand, "chars_per_s": chars / seconds}
+
+
+def bench_dedup(sizes: list[int]) -> dict:
+    import tempfile as tf
+
+    from mlops.data.dedup import Keys, NearIndex
+    from mlops.data.diskindex import DiskNearIndex, connect
+    from mlops.data.labelled_dedup import dedup_cases, evaluate, signatures
+
+    class Unconfirmed(NearIndex):
+        """The old behaviour: any LSH candidate is a duplicate."""
+
+        def check_add(self, sig, key):
+            mh = self._minhash(sig)
+            found = self.lsh.query(mh)
+            if found:
+                return self.keys.decode(min(found))
+            self.lsh.insert(self.keys.encode(key), mh)
+            return None
+
+    out = {}
+    print("\nNear dedup, labelled set (threshold 0.7, 128 permutations, 3-word shingles; ~10% light edits)")
+    print(f"  {'records':>7} {'dups':>5} {'index':>18} {'drops':>6} {'wrong':>6} {'precision':>9} {'recall':>7} {'s':>6}")
+    for n in sizes:
+        cases = dedup_cases(n)
+        sigs = signatures(cases)
+        with tf.TemporaryDirectory() as tmp:
+            db = connect(Path(tmp) / "idx.sqlite")
+            for name, index in (("confirmed, memory", NearIndex(0.7, 128)),
+                                ("confirmed, disk", DiskNearIndex(db, 0.7, 128, Keys())),
+                                ("LSH only (old)", Unconfirmed(0.7, 128))):
+                started = time.perf_counter()
+                r = evaluate(cases, index, sigs)
+                r["seconds"] = time.perf_counter() - started
+                out[f"{n}/{name}"] = r
+                print(f"  {n:>7} {r['duplicates']:>5} {name:>18} {r['drops']:>6} {r['wrong_drops']:>6} "
+                      f"{r['precision']:>9.4f} {r['recall']:>7.4f} {r['seconds']:>6.1f}")
+            db.close()
+    worst = min(v["precision"] for k, v in out.items() if "confirmed" in k)
+    print(f"  lowest precision with confirmation: {worst:.4f} (goal >= 0.99: {'OK' if worst >= 0.99 else 'LOW'})")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parts", nargs="+", default=["pii", "dedup", "build"], choices=["pii", "dedup", "build"])
+    parser.add_argument("--dedup-sizes", type=int, nargs="+", default=[2000, 5000, 10000, 20000])
     parser.add_argument("--scales", type=int, nargs=2, default=[1, 4], metavar=("SMALL", "LARGE"))
     parser.add_argument("--json", type=Path, help="also write the measurements here")
     args = parser.parse_args()
-    small, large = args.scales
+    sys.path.insert(0, str(REPO))
+    print(f"load average before: {os.getloadavg()[0]:.2f}")
+    results: dict = {}
+    if "pii" in args.parts:
+        results["pii"] = bench_pii()
+    if "dedup" in args.parts:
+        results["dedup"] = bench_dedup(args.dedup_sizes)
+    if "build" in args.parts:
+        results["build"] = bench_build(args.scales)
+    print(f"\nload average after: {os.getloadavg()[0]:.2f}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2, default=str))
+
+
+def bench_build(scales: list[int]) -> dict:
+    print()
+    small, large = scales
     with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
         work = Path(tmp)
         runs = [run_build(work, small, 2), run_build(work, large, 2), run_build(work, small, 1)]
@@ -116,9 +221,7 @@ def main() -> None:
           f"{loads})")
     print(f"work in the worker pool:  {share:.0%} of the build's CPU time with 2 workers "
           f"(ideal 2-core speed-up {1 / (1 - share + share / 2):.2f}x)")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"runs": runs, "ratios": ratios}, indent=2))
+    return {"runs": runs, "ratios": ratios}
 
 
 if __name__ == "__main__":

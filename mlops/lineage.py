@@ -77,7 +77,6 @@ class Tag(StrEnum):
     SWEEP_BEST_TRIAL = "mlops.sweep.best_trial_number"
     SWEEP_BEST_RUN = "mlops.sweep.best_run_id"
     SWEEP_STORAGE = "mlops.sweep.storage"
-    HEARTBEAT = "mlops.heartbeat"
     PREVIOUS_RUN = "mlops.previous_run_id"
     RESUME_CHANGES = "mlops.resume_changes"
 

@@ -1,5 +1,5 @@
-"""The whole build on small inputs: manifest, tracking, gate quarantine, no-op rebuilds, incremental mode,
-bad input policy and crash safety."""
+"""The whole build on small inputs: manifest, tracking, per-record isolation, gate quarantine, no-op rebuilds,
+incremental mode, bad input policy, privacy of what is quarantined, crash safety and empty builds."""
 
 from __future__ import annotations
 
@@ -11,18 +11,26 @@ import numpy as np
 import pytest
 
 from mlops.data.batches import GateError
+from mlops.data.build import EmptySnapshotError
 from mlops.data.format import SnapshotReader, read_manifest
+from mlops.data.labelled_dedup import conversations
 from mlops.data.records import BadInputError
-from mlops.data.sample import Gen
 from mlops.data.snapshot import list_snapshots, verify_snapshot
 from mlops.data.testing import chat, quick_build
+from mlops.errors import MLOpsError
 from mlops.lineage import Tag
 from mlops.tracking import MemoryTracker
 
 
 def good_records(n: int, seed: int = 1) -> list[dict]:
-    g = Gen(seed)
-    return [g.support() if i % 2 else g.general() for i in range(n)]
+    return [{**row, "domain": "domain" if i % 2 else "general"} for i, row in enumerate(conversations(n, seed))]
+
+
+def token_dense(seed: int = 9) -> dict:
+    """Clean text under max_chars but far more tokens than a 256-token seq_len (a long answer, so a truncated
+    copy still has assistant tokens to train on)."""
+    answer = " ".join(c["messages"][0]["content"] for c in conversations(6, seed=seed))
+    return chat("Can you walk me through everything I should try with the router, step by step?", answer)
 
 
 def all_meta(folder: Path) -> list[dict]:
@@ -65,44 +73,64 @@ def test_build_cleans_and_describes_everything_in_the_manifest(build, tmp_path):
     assert sum(m["counts"]["samples"].values()) == kept and m["counts"]["samples"]["validation"] >= 1
     assert m["tokenizer"]["vocab_hash"] and m["tokenizer"]["chat_template_hash"] and m["pipeline"]["git_commit"]
     assert m["sources"][0]["sha256"] and m["sources"][0]["records"] == len(records)
-    assert all(b["status"] == "passed" for b in m["batches"]) and m["gate"]["suite"] == "snapshot_batch@v1"
+    assert all(b["status"] == "passed" for b in m["batches"]) and m["gate"]["suite"] == "snapshot_batch@v2"
     per_domain = m["counts"]["per_domain"]["train"]
     assert set(per_domain) <= {"general", "domain"} and all(v["loss_tokens"] > 0 for v in per_domain.values())
     assert m["created_at"] and m["config_hash"] and m["snapshot_id"] == result.path.name
-    # PII never reaches the shards; the scrubbed record does.
-    texts = [" ".join(msg["content"] for msg in r["messages"]) for r in map(json.loads, (
-        result.path / "quarantine" / "records.jsonl").read_text().splitlines())]
-    assert not any("@example.com" in t for t in texts)
+    # PII never reaches the shards or the quarantine; rejected records keep a redacted excerpt only.
+    rejected = [json.loads(x) for x in (result.path / "quarantine" / "records.jsonl").read_text().splitlines()]
+    assert rejected and all("messages" not in r and r["excerpt"] for r in rejected)
+    assert not any("@example.com" in json.dumps(r) for r in rejected)
+    near = [r for r in rejected if r["reason"] == "near"]
+    assert near and all(r["duplicate_of"].startswith("r-") and 0.7 <= r["similarity"] < 1 for r in near)
     assert tracker.tags[str(Tag.SNAPSHOT_ID)] == result.snapshot_id
     assert tracker.artifacts[f"input:{m['name']}"]["digest"] == result.snapshot_id
     assert "snapshot/manifest.json" in tracker.artifacts
     assert verify_snapshot(result.snapshot_id)["ok"]
 
 
-def test_bad_batch_is_quarantined_with_its_ge_report_while_the_rest_builds(build):
+@pytest.mark.parametrize("overlong", ["drop", "truncate"])
+def test_a_record_longer_than_seq_len_costs_only_itself(build, overlong):
     records = good_records(40)
-    records.insert(17, Gen(3).token_dense())  # clean text, but far more tokens than seq_len
-    result = build(records, seq_len=256, batch_size=10, gate={"on_batch_failure": "quarantine"})
+    records.insert(17, token_dense())  # clean text, far more tokens than seq_len
+    result = build(records, seq_len=256, batch_size=10, overlong=overlong)
+    m = result.manifest
+    assert all(b["status"] == "passed" for b in m["batches"]) and m["gate"]["quarantined"] == 0
+    written = {meta["id"] for meta in all_meta(result.path)}
+    if overlong == "drop":
+        assert m["counters"]["record.too_many_tokens"] == 1 and len(written) == m["counters"]["cleaning.kept"] - 1
+        (line,) = [json.loads(x) for x in (result.path / "quarantine" / "records.jsonl").read_text().splitlines()
+                   if json.loads(x)["stage"] == "record"]
+        assert line["reason"] == "too_many_tokens" and line["n_tokens"] > 256 and line["seq_len"] == 256
+    else:
+        assert m["counters"]["record.truncated"] == 1 and len(written) == m["counters"]["cleaning.kept"]
+
+
+def test_failing_batch_is_quarantined_with_its_ge_report_while_the_rest_builds(build):
+    records = conversations(40, seed=3)  # one domain: batches follow file order
+    # Mostly answers with little to train on: a batch-level fact (mean loss share) that only the suite sees.
+    lopsided = [chat(" ".join(c["messages"][0]["content"] for c in conversations(3, seed=i)), "Restart the router now.")
+                for i in range(100, 110)]
+    records = records[:20] + lopsided + records[20:]
+    result = build(records, batch_size=10, gate={"on_batch_failure": "quarantine", "min_loss_share": 0.12})
     m = result.manifest
     bad = [b for b in m["batches"] if b["status"] == "quarantined"]
-    assert len(bad) == 1 and len(m["batches"]) >= 4
+    assert bad and len(bad) < len(m["batches"])
     assert {(f["expectation"], f["column"]) for f in bad[0]["failed"]} == {
-        ("expect_column_values_to_be_between", "n_tokens")}
+        ("expect_column_mean_to_be_between", "loss_share")}
     report = json.loads((result.path / bad[0]["report"]).read_text())
-    assert report["success"] is False and report["suite_name"] == "snapshot_batch@v1"
+    assert report["success"] is False and report["suite_name"] == "snapshot_batch@v2"
     quarantined = [json.loads(x) for x in (result.path / bad[0]["report"]).with_name("records.jsonl").read_text().splitlines()]
-    assert len(quarantined) == bad[0]["records"] and max(q["n_tokens"] for q in quarantined) > 256
+    assert len(quarantined) == bad[0]["records"] and all("excerpt" in q and "messages" not in q for q in quarantined)
     written = {m_["id"] for m_ in all_meta(result.path)}
     assert written.isdisjoint({q["record_id"] for q in quarantined})
-    assert len(written) == m["counters"]["cleaning.kept"] - bad[0]["records"]
-    assert m["gate"]["quarantined"] == 1 and m["counters"]["gate.records_quarantined"] == bad[0]["records"]
+    assert m["gate"]["quarantined"] == len(bad) and m["counters"]["gate.records_quarantined"] == sum(
+        b["records"] for b in bad)
 
 
 def test_failing_batch_with_fail_policy_stops_and_leaves_no_snapshot(build, mlops_home):
-    records = good_records(12)
-    records.insert(3, Gen(3).token_dense())
-    with pytest.raises(GateError, match=r"failed expectation suite snapshot_batch@v1: .*n_tokens"):
-        build(records, seq_len=256, batch_size=8)
+    with pytest.raises(GateError, match=r"failed expectation suite snapshot_batch@v2: .*loss_share"):
+        build(good_records(12), batch_size=8, gate={"min_loss_share": 0.99})
     root = mlops_home / ".mlops" / "snapshots"
     assert list_snapshots() == []
     assert not [p for p in root.iterdir() if p.name.startswith(".staging")]
@@ -137,8 +165,7 @@ def test_resumed_reader_yields_the_same_samples_as_an_uninterrupted_read(build):
 
 
 def test_mixing_targets_and_achieved_ratios_are_recorded(build):
-    g = Gen(4)
-    records = [g.general() for _ in range(30)] + [g.safety() for _ in range(30)] + [g.support() for _ in range(30)]
+    records = [*conversations(30, 4, "general"), *conversations(30, 5, "safety"), *conversations(30, 6, "domain")]
     ratios = {"general": 0.5, "safety": 0.25, "domain": 0.25}
     m = build(records, mix={"ratios": ratios}).manifest
     mixing = m["mixing"]
@@ -159,8 +186,8 @@ def test_incremental_build_mixes_history_and_drops_what_it_has_seen(build, tmp_p
     assert history["snapshot"] == old.snapshot_id and abs(history["achieved_ratio"] - 0.3) < 0.05
     sources = {meta["source"] for meta in SnapshotReader(result.path).iter_meta()}
     assert sources == {f"snapshot:{old.snapshot_id}", str(tmp_path / "new.jsonl")}
-    again = build(good_records(30, seed=2), name="again.jsonl", dedup={"against_snapshots": [result.snapshot_id]})
-    assert again.manifest["counters"]["dedup.exact_of_snapshot"] == 30
+    with pytest.raises(EmptySnapshotError, match=r"kept 0 record.*\(top reasons: dedup.exact_of_snapshot 30\)"):
+        build(good_records(30, seed=2), name="again.jsonl", dedup={"against_snapshots": [result.snapshot_id]})
 
 
 def test_bad_input_fails_or_is_quarantined_by_policy(build, tmp_path):
@@ -170,6 +197,51 @@ def test_bad_input_fails_or_is_quarantined_by_policy(build, tmp_path):
     m = build(records, on_bad_record="skip").manifest
     assert m["counters"]["bad_input.malformed_json"] == 1 and m["counters"]["bad_input.unknown_shape"] == 1
     assert [(i["line"], i["code"]) for i in m["issues"]["listed"]] == [(11, "malformed_json"), (12, "unknown_shape")]
+
+
+def test_under_skip_every_kind_of_bad_record_is_set_aside_alone(build, tmp_path):
+    """Role order, schema, a template the tokenizer cannot render: each costs its own record, and no raw text of
+    any of them reaches the manifest or the quarantine."""
+    records = good_records(24)
+    records += [
+        {"messages": [{"role": "assistant", "content": "Hello jane.doe@example.com, how can I help you today?"},
+                      {"role": "user", "content": "My router is broken again since Monday night."}]},
+        {"messages": [{"role": "system", "content": "Be brief."},
+                      {"role": "assistant", "content": "Call me on +1 415 555 0132 about the router, please."}]},
+        {"text": {"body": "jane.doe@example.com"}},
+        {"messages": [{"role": "user", "content": "What is my plan called, jane.doe@example.com asks?"}]},
+        chat("Why was I charged twice for the March invoice on my fiber plan?", "Yes."),
+    ]
+    result = build(records, on_bad_record="skip")
+    m = result.manifest
+    c = m["counters"]
+    assert c["bad_input.role_order"] == 2 and c["bad_input.wrong_type"] == 1
+    assert c["filter.no_assistant_turn"] == 1 and c["filter.short_answer"] == 1
+    assert c["cleaning.kept"] == 24 and sum(m["counts"]["samples"].values()) == 24
+    everything = json.dumps(m) + "".join(p.read_text() for p in (result.path / "quarantine").glob("*.jsonl"))
+    assert "jane.doe" not in everything and "555 0132" not in everything
+
+
+def test_a_build_that_keeps_nothing_fails_and_publishes_nothing(build, mlops_home):
+    junk = [chat("Why was I charged twice this month on my fiber plan?", "Ok") for _ in range(5)]
+    with pytest.raises(EmptySnapshotError, match=r"kept 0 record\(s\) after cleaning.*from 5 row.*filter.short_answer 5"):
+        build(junk)
+    with pytest.raises(EmptySnapshotError, match="fewer than data.min_records=50"):
+        build(good_records(20), min_records=50)
+    root = mlops_home / ".mlops" / "snapshots"
+    assert list_snapshots() == [] and not [p for p in root.iterdir() if p.name.startswith(".staging")]
+
+
+def test_force_replaces_a_published_snapshot_that_fails_verification(build):
+    first = build(good_records(16))
+    shard = first.path / "train" / "shard-00000.input_ids.npy"
+    shard.write_bytes(b"tampered")
+    with pytest.raises(MLOpsError, match=rf"mlops data rebuild {first.snapshot_id}"):
+        verify_snapshot(first.snapshot_id)
+    assert build(good_records(16)).noop  # without --force: the recorded build is trusted
+    forced = build(good_records(16), force=True)
+    assert forced.snapshot_id == first.snapshot_id and not forced.noop
+    assert verify_snapshot(first.snapshot_id)["ok"]
 
 
 def test_a_build_that_dies_half_way_leaves_nothing_that_looks_complete(build, mlops_home, monkeypatch):
@@ -211,3 +283,20 @@ def test_packing_puts_several_records_in_one_sequence(build):
     assert sample.attention_mask.sum() <= 512 and 0 < sample.loss_mask.sum() < sample.attention_mask.sum()
     tokens = packed.manifest["counts"]["per_split"]["train"]["loss_tokens"]
     assert sum(int(reader.get(i).loss_mask.sum()) for i in range(len(reader))) == tokens
+
+
+def test_a_record_that_breaks_a_step_costs_only_itself(build, monkeypatch):
+    from mlops.data import filters
+
+    real = filters.markup_ratio
+
+    def fragile(text):
+        if "trigger-the-bug" in text:
+            raise RecursionError("maximum recursion depth exceeded")
+        return real(text)
+
+    monkeypatch.setattr(filters, "markup_ratio", fragile)
+    records = good_records(20) + [chat("Please look at trigger-the-bug in my account, it fails again.",
+                                       "We looked at it and fixed the account settings for you today.")]
+    m = build(records).manifest
+    assert m["counters"]["error.RecursionError"] == 1 and m["counters"]["cleaning.kept"] == 20

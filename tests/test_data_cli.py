@@ -35,6 +35,27 @@ def test_show_verify_and_errors_without_traceback(mlops_home):
     assert missing.returncode == 2 and f"did you mean '{folder.name}'" in missing.stderr
     config = mlops("build", "--config", str(SAMPLE), "data.batch_sise=3")
     assert config.returncode == 2 and "did you mean 'batch_size'" in config.stderr
+    typo = mlops("build", "--config", str(SAMPLE), "data.workers=2", "data.pii.types=[email,phnoe]")
+    assert typo.returncode == 2 and "did you mean 'phone'" in typo.stderr and "data.pii.types" in typo.stderr
+    assert "Traceback" not in typo.stderr and "BrokenProcessPool" not in typo.stderr
+
+
+@pytest.mark.slow
+def test_verify_advice_is_a_command_that_repairs_the_snapshot(mlops_home, tiny_model):
+    from mlops.data.labelled_dedup import conversations
+    from mlops.data.testing import quick_build
+
+    built = quick_build(conversations(24, seed=5), base_model=tiny_model["path"], workdir=mlops_home)
+    (built.path / "train" / "shard-00000.loss_mask.npy").write_bytes(b"damaged")
+    bad = mlops("verify", built.snapshot_id, cwd=mlops_home)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    advice = bad.stderr.split("`")[1]
+    assert advice == f"mlops data rebuild {built.snapshot_id}"
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{mlops_home / '.mlops' / 'mlflow.db'}"}
+    fixed = mlops(*advice.split()[2:], cwd=mlops_home, env=env)
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
+    assert f"snapshot {built.snapshot_id}: built" in fixed.stdout
+    assert mlops("verify", built.snapshot_id, cwd=mlops_home).returncode == 0
 
 
 @pytest.mark.slow
@@ -57,7 +78,8 @@ def test_sample_data_builds_through_the_cli_and_mlflow_entry_point(mlops_home, t
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     run = runs[0]
     assert run.data.tags[str(Tag.SNAPSHOT_ID)] == snapshot_id and run.data.tags[str(Tag.STAGE)] == "data"
-    assert run.data.tags[str(Tag.CONFIG_HASH)] and run.data.metrics["gate.batches_quarantined"] == 1
+    assert run.data.tags[str(Tag.CONFIG_HASH)] and run.data.metrics["gate.batches_quarantined"] == 0
+    assert run.data.metrics["record.too_many_tokens"] >= 1  # the token-dense records cost only themselves
     assert run.inputs.dataset_inputs[0].dataset.digest == snapshot_id[:36]
     assert [a.path for a in client.list_artifacts(run.info.run_id, "snapshot")] == ["snapshot/manifest.json"]
 
@@ -67,7 +89,7 @@ def test_sample_data_builds_through_the_cli_and_mlflow_entry_point(mlops_home, t
                 "filter.too_long", "filter.symbol_ratio", "bad_input.malformed_json", "bad_input.not_utf8"):
         assert c[key] > 0, key
     shown = mlops("show", snapshot_id, cwd=mlops_home)
-    assert "quarantined" in shown.stdout and "expect_column_values_to_be_between(n_tokens)" in shown.stdout
+    assert "record.too_many_tokens" in shown.stdout and "[malformed_json]" in shown.stdout
     again = mlops("build", "--config", str(SAMPLE), *overrides.split(), cwd=mlops_home, env=env)
     assert again.returncode == 0 and f"snapshot {snapshot_id}: already built (no work done)" in again.stdout
     assert mlops("verify", snapshot_id, cwd=mlops_home).returncode == 0

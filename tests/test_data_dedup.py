@@ -31,7 +31,8 @@ def test_exact_dedup_matches_normalised_text_only():
 def test_near_dedup_catches_light_edits_and_keeps_different_texts():
     near = NearIndex(threshold=0.7, num_perm=128)
     assert near.check_add(signature(BASE, 128, 3), "base") is None
-    assert near.check_add(signature(SIMILAR, 128, 3), "similar") == "base"
+    key, sim = near.check_add(signature(SIMILAR, 128, 3), "similar")
+    assert key == "base" and 0.7 <= sim < 1
     assert near.check_add(signature(DIFFERENT, 128, 3), "different") is None
     # The same topic in other words is not a duplicate.
     other = ("Since Monday's storm the orange light on my modem flashes; evenings are the worst, the connection "
@@ -46,9 +47,9 @@ def test_earlier_snapshot_counts_as_seen(tmp_path):
     exact, near = ExactIndex(keys), NearIndex(0.7, 128, keys)
     assert load_prior(tmp_path, "snap-old", params, exact, near) == 1
     assert exact.check_add(exact_hash(BASE.upper()), "new") == "snap-old#0"
-    assert near.check_add(signature(SIMILAR, 128, 3), "new2") == "snap-old#0"
+    assert near.check_add(signature(SIMILAR, 128, 3), "new2")[0] == "snap-old#0"
     assert near.check_add(signature(DIFFERENT, 128, 3), "r-00000000000000ff") is None
-    assert near.check_add(signature(DIFFERENT + " ok", 128, 3), "r-0000000000000100") == "r-00000000000000ff"
+    assert near.check_add(signature(DIFFERENT + " ok", 128, 3), "r-0000000000000100")[0] == "r-00000000000000ff"
     with pytest.raises(ConfigError, match="num_perm=128"):
         load_prior(tmp_path, "snap-old", {**params, "num_perm": 64}, ExactIndex(), NearIndex(0.7, 64))
 
@@ -127,3 +128,16 @@ def test_disk_index_keeps_the_same_records_as_datasketch_in_memory(tmp_path):
     assert all(d == m for d, m in verdicts)
     assert sum(d for d, _ in verdicts[150:]) == 30  # every injected copy caught
     assert disk[1].b * disk[1].r <= 128 and (disk[1].b, disk[1].r) == (memory[1].lsh.b, memory[1].lsh.r)
+
+
+@pytest.mark.parametrize("where", ["memory", "disk"])
+def test_lsh_candidates_below_the_threshold_are_not_dropped(tmp_path, where):
+    """Template-heavy distinct conversations collide in LSH bands; only confirmed similarity drops a record."""
+    from mlops.data.diskindex import DiskNearIndex, connect
+    from mlops.data.labelled_dedup import dedup_cases, evaluate
+
+    cases = dedup_cases(2000, seed=3)
+    index = NearIndex(0.7, 128) if where == "memory" else DiskNearIndex(connect(tmp_path / "i.sqlite"), 0.7, 128, Keys())
+    result = evaluate(cases, index)
+    assert index.candidates > result["drops"]  # LSH proposed pairs that confirmation turned down
+    assert result["precision"] >= 0.99 and result["recall"] >= 0.95

@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from mlops.data.config import FilterConfig
-from mlops.data.filters import FILTERS, mixed_language_ratio, repeated_ngram_ratio, run_filters, symbol_ratio
+from mlops.data.filters import (
+    FILTERS,
+    char_repetition_ratio,
+    foreign_share,
+    markup_ratio,
+    mixed_language_ratio,
+    repeated_ngram_ratio,
+    run_filters,
+    symbol_ratio,
+)
 from mlops.data.records import Record
 
 CFG = FilterConfig()
@@ -34,6 +43,17 @@ def rec(user: str, assistant: str | None = GOOD_ANSWER, kind: str = "chat") -> R
         (rec("refund now " * 20, "We will check the refund for you today."), "repeated_ngrams"),
         (rec("Здравствуйте, мой роутер не работает уже третий день, the router does not work since Monday",
              "We will send a technician."), "mixed_language"),
+        (rec("Why was I charged twice this month?", "Ok"), "short_answer"),
+        (rec("Why was I charged twice this month?", "Yes, sure."), "short_answer"),
+        (rec("What is this file? " + "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODkw" * 8), "encoded_blob"),
+        (rec("see attachment: " + "9f8e7d6c5b4a3928" * 4 + " " + "a1b2c3d4e5f60718" * 4), "encoded_blob"),
+        (rec("PK\x03\x04\x14\x00\x06\x00\x08\x00 zipped bytes \x00\x00\x01 the attachment did not open"),
+         "binary_text"),
+        (rec("<div class='nav'><ul><li><a href='/'>Home</a></li><li><a href='/help'>Help</a></li></ul></div>"
+             "&nbsp;&copy; 2024 Northwind"), "markup"),
+        (rec("aaaaaaaaaaaaaaaaaaaaaaaaaaaa hahahahahahahahahahaha why is my bill so high"), "char_repetition"),
+        (rec("Mein Router funktioniert seit Montag nicht mehr, bitte helfen Sie mir schnell.",
+             "Bitte starten Sie den Router neu und prüfen Sie alle Kabel am Gerät."), "wrong_language"),
     ],
 )
 def test_filter_rejects_with_reason(record, reason):
@@ -46,9 +66,7 @@ def test_filter_rejects_with_reason(record, reason):
         rec("Why was I charged twice this month? My order number is NW-123456."),
         rec("See https://northwind.example/help for the guide I followed, it did not work."),  # one URL is fine
         rec("The total was $1,432.50 (incl. 20% VAT) & the fee was #3 on the list: odd!"),  # common punctuation
-        rec("Мой роутер не работает уже третий день, интернет пропадает каждый вечер.",
-            "Попробуйте перезагрузить роутер и проверить кабель."),  # one script, not Latin: fine
-        rec("Café au lait costs €3; the naïve résumé was déjà vu."),  # accented Latin is Latin
+        rec("Café au lait costs €3; the naïve résumé was déjà vu."),  # accented Latin is English here
         rec("Knowledge base: unplug the router for ten seconds and plug it back in.", kind="text"),
         rec("First step: restart. Second step: wait. Third step: check the light. Then call us back if needed."),
     ],
@@ -57,10 +75,32 @@ def test_filters_keep_clean_records(record):
     assert run_filters(record, CFG) == (True, "")
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "My router shows <b>offline</b> in the app & the light is red.",  # a little markup is fine
+        "hahaha fair enough, the router came back after the restart",
+        "The error code was 0000000 and then 1111111 after the reboot.",
+        "The password hint field shows ==== and nothing else, odd.",
+        "Order NW-123456 and NW-123457 both arrived, thanks a lot!",
+    ],
+)
+def test_new_junk_filters_keep_ordinary_text(text):
+    assert run_filters(rec(text), CFG) == (True, "")
+
+
+def test_one_script_in_another_language_passes_mixed_language_but_not_language():
+    russian = rec("Мой роутер не работает уже третий день, интернет пропадает каждый вечер.",
+                  "Попробуйте перезагрузить роутер и проверить кабель.")
+    assert run_filters(russian, FilterConfig(languages=[])) == (True, "")  # one script, not Latin: not "mixed"
+    assert run_filters(russian, CFG) == (False, "wrong_language")
+    assert run_filters(russian, FilterConfig(languages=["en", "ru"])) == (True, "")
+
+
 def test_thresholds_come_from_config():
     text = "refund now " * 20
     assert run_filters(rec(text), FilterConfig(max_repeated_ngram_ratio=0.99)) == (True, "")
-    assert run_filters(rec("Hi", "Ok"), FilterConfig(min_chars=1)) == (True, "")
+    assert run_filters(rec("Hi", "Ok"), FilterConfig(min_chars=1, min_answer_words=1)) == (True, "")
     assert run_filters(rec("Hi", "  "), FilterConfig(steps=["length"], min_chars=1)) == (True, "")
 
 
@@ -71,8 +111,37 @@ def test_ratios_measure_what_they_say():
     assert symbol_ratio("■■■■") == 1
     assert mixed_language_ratio("english only") == 0
     assert 0.3 < mixed_language_ratio("hello мир hello мир") <= 0.5
+    assert char_repetition_ratio("aaaaaaaaaa") == 1 and char_repetition_ratio("a normal sentence here") == 0
+    assert markup_ratio("<p>hi</p>") > 0.7 and markup_ratio("a < b and c > d") == 0
+    english_with_loanwords = ("Café au lait costs €3; the naïve résumé was déjà vu. The rest of this message is plain "
+                              "English about my router and the bill.")
+    assert foreign_share(english_with_loanwords, ["en"], 0.5) < 0.5
 
 
 def test_unknown_filter_name_suggests():
     with pytest.raises(Exception, match="did you mean 'url_ratio'"):
         FILTERS.get("url_ratoi")
+
+
+def test_config_rejects_unknown_filters_languages_and_pii_types_when_read():
+    from mlops.config import validate_config
+    from mlops.errors import ConfigError
+
+    for data, hint in (({"filters": {"steps": ["length", "markpu"]}}, "did you mean 'markup'"),
+                       ({"filters": {"languages": ["english"]}}, "unknown language code 'english'"),
+                       ({"pii": {"types": ["email", "phonee"]}}, "did you mean 'phone'"),
+                       ({"gate": {"suite": "snapshot_bach"}}, "did you mean 'snapshot_batch'")):
+        with pytest.raises(ConfigError, match=hint):
+            validate_config({"base_model": "tiny", "data": data})
+
+
+@pytest.mark.parametrize(
+    ("prompt", "answer"),
+    [
+        ("Classify the priority of this ticket as low, medium or high.\n\nMy router is down.", "high"),
+        ("Extract the order number from this message.\n\nMy order number is NW-239360.", "NW-239360"),
+        ("Is the router covered by the warranty? Answer yes or no.", "Yes."),
+    ],
+)
+def test_short_answers_to_requests_for_short_answers_are_kept(prompt, answer):
+    assert run_filters(rec(prompt, answer), CFG) == (True, "")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from mlops.data.checks import RecordPolicy, check_record
 from mlops.data.gate import COLUMNS, SUITES, Gate, GateParams, share_deviation
 from mlops.data.records import Record
 from mlops.data.tokenize import ChatTokenizer, tokenizer_info
@@ -61,8 +62,8 @@ def test_tokenizer_info_hashes_vocab_and_template(tiny_model):
     assert info == tokenizer_info(tiny_model["path"], "tiny", tiny_model["id"])
 
 
-PARAMS = GateParams(min_chars=5, max_chars=200, min_tokens=3, max_tokens=64, max_dup_ratio=0.0,
-                    min_loss_share=0.1, tolerance=0.05, domains=["general", "safety"])
+PARAMS = GateParams(max_dup_ratio=0.0, min_loss_share=0.1, tolerance=0.05, max_truncated_share=0.25,
+                    domains=["general", "safety"])
 TARGETS = {"general": 0.5, "safety": 0.5}
 
 
@@ -70,9 +71,9 @@ def frame(n: int = 8, **changes) -> pd.DataFrame:
     domains = ["general", "safety"] * (n // 2)
     rows = {
         "record_id": [f"r-{i}" for i in range(n)], "source": ["s.jsonl"] * n, "line": list(range(1, n + 1)),
-        "domain": domains, "kind": ["chat"] * n, "text": [f"question {i} and its answer" for i in range(n)],
-        "text_chars": [25] * n, "text_hash": [f"{i:016x}" for i in range(n)], "n_tokens": [20] * n,
-        "loss_tokens": [8] * n, "loss_share": [0.4] * n, "domain_share_dev": share_deviation(domains, TARGETS),
+        "domain": domains, "kind": ["chat"] * n, "text_chars": [25] * n, "text_hash": [f"{i:016x}" for i in range(n)],
+        "n_tokens": [20] * n, "loss_tokens": [8] * n, "loss_share": [0.4] * n, "truncated": [0] * n,
+        "domain_share_dev": share_deviation(domains, TARGETS),
     }
     df = pd.DataFrame(rows)
     for column, (row, value) in changes.items():
@@ -94,16 +95,12 @@ def test_good_batch_passes(gate):
 @pytest.mark.parametrize(
     ("changes", "expectation", "column"),
     [
-        ({"n_tokens": (3, 900)}, "expect_column_values_to_be_between", "n_tokens"),
-        ({"loss_tokens": (0, 0)}, "expect_column_values_to_be_between", "loss_tokens"),
         ({"record_id": (1, "r-0")}, "expect_column_values_to_be_unique", "record_id"),
-        ({"text": (2, "mail me at bob@example.com")}, "expect_column_values_to_not_match_regex_list", "text"),
-        ({"text": (2, "my ssn is 123-45-6789")}, "expect_column_values_to_not_match_regex_list", "text"),
         ({"text_hash": (1, f"{0:016x}")}, "expect_column_proportion_of_unique_values_to_be_between", "text_hash"),
-        ({"text_chars": (0, 999)}, "expect_column_values_to_be_between", "text_chars"),
         ({"domain": (0, "format")}, "expect_column_values_to_be_in_set", "domain"),
         ({"kind": (0, "poem")}, "expect_column_values_to_be_in_set", "kind"),
         ({"source": (0, None)}, "expect_column_values_to_not_be_null", "source"),
+        ({"truncated": (slice(0, 3), 1)}, "expect_column_mean_to_be_between", "truncated"),
     ],
 )
 def test_each_expectation_catches_its_fault(gate, changes, expectation, column):
@@ -111,6 +108,13 @@ def test_each_expectation_catches_its_fault(gate, changes, expectation, column):
     assert not result.success
     assert {(f["expectation"], f.get("column")) for f in result.failed} >= {(expectation, column)}
     assert result.report["success"] is False and result.report["results"]  # the full GE report is kept
+
+
+def test_one_records_bounds_are_not_the_suites_business(gate):
+    """Token bounds and loss tokens are per-record checks now: the suite judges the batch, not one row."""
+    odd = frame(n_tokens=(3, 9000), loss_tokens=(2, 0), text_chars=(0, 999999))
+    assert gate.validate(odd).success
+    assert "text" not in COLUMNS  # a GE report never quotes a record
 
 
 def test_domain_shares_outside_tolerance_fail(gate):
@@ -130,6 +134,45 @@ def test_low_assistant_share_and_schema_drift_fail(gate):
 
 def test_suites_are_registered_and_versioned():
     spec = SUITES.get("snapshot_batch")
-    assert spec.key == "snapshot_batch@v1"
+    assert spec.key == "snapshot_batch@v2"
     with pytest.raises(Exception, match="did you mean 'snapshot_batch'"):
         SUITES.get("snapshot_bach")
+
+
+# --------------------------------------------------------------------------- per-record checks
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model):
+    from mlops.data import tokenize
+
+    tokenize.init_worker(tiny_model["path"])
+    return tokenize.tokenizer()
+
+
+def policy(**kw) -> RecordPolicy:
+    return RecordPolicy(**{"seq_len": 64, "min_tokens": 4, "overlong": "drop", "excerpt_chars": 80, **kw})
+
+
+def test_overlong_record_is_dropped_or_truncated_alone(loaded):
+    long = chat(("user", "Why? " * 5), ("assistant", "Because the router restarts at night. " * 30))
+    dropped = check_record(0, long, policy())
+    assert dropped.reason == "too_many_tokens" and dropped.detail["n_tokens"] > 64 and dropped.ids is None
+    assert len(dropped.excerpt[1]["content"]) < 120 and dropped.excerpt[1]["chars"] > 1000
+    cut = check_record(0, long, policy(overlong="truncate"))
+    assert cut.reason == "" and cut.truncated and len(cut.ids) == 64 and cut.mask.any()
+    answer_after_cut = chat(("user", "Tell me everything. " * 40), ("assistant", "No."))
+    assert check_record(0, answer_after_cut, policy(overlong="truncate")).reason == "no_loss_tokens_after_truncation"
+
+
+def test_template_failure_rejects_the_record_not_the_build(loaded, monkeypatch):
+    def broken(*args, **kwargs):
+        raise ValueError("Conversation roles must alternate user/assistant/user/assistant/...")
+
+    monkeypatch.setattr(loaded.tok, "apply_chat_template", broken)
+    checked = check_record(3, chat(("user", "Hi"), ("assistant", "Hello there, how can I help?")), policy())
+    assert (checked.position, checked.reason) == (3, "template_error") and "ValueError" in checked.detail["error"]
+
+
+def test_too_few_tokens(loaded):
+    assert check_record(0, chat(("user", "Hi"), ("assistant", "Yes.")), policy(min_tokens=60)).reason == "too_few_tokens"

@@ -1,5 +1,6 @@
-"""One gated batch at a time: build the GE frame, validate, then write the batch's samples to the split
-shards or quarantine the whole batch with its GE report. Also copies history samples (incremental mode)."""
+"""One gated batch at a time: set aside the records that failed their own checks (mlops.data.checks), then
+write the rest to the split shards, or quarantine them as a batch with its GE report when the suite fails.
+Also copies history samples (incremental mode)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from typing import Any
 
 import numpy as np
 
+from mlops.data.checks import Checked, batch_frame
 from mlops.data.dedup import IndexWriter
 from mlops.data.format import SPLITS, ShardWriter, SnapshotReader, atomic_write_json
-from mlops.data.gate import GateResult, GateSpecParams, SuiteSpec, share_deviation, validate_batch
+from mlops.data.gate import GateResult, SuiteSpec
 from mlops.data.inputs import Inputs
 from mlops.data.mixing import history_take
-from mlops.data.tokenize import tokenize_chunk
+from mlops.data.quarantine import Quarantine, entry
 from mlops.errors import ConfigError, MLOpsError
 
 
@@ -71,42 +73,17 @@ class Packer:
         self._ids, self._masks, self._metas, self._len = [], [], [], 0
 
 
-def batch_frame(rows: list[dict], tokens: list[tuple[np.ndarray, np.ndarray]], targets: dict[str, float]):
-    """The frame the gate validates: one row per tokenized record (gate.COLUMNS)."""
-    import pandas as pd
-
-    domains = [row["record"].domain for row in rows]
-    return pd.DataFrame({
-        "record_id": [row["record"].record_id for row in rows],
-        "source": [row["record"].source for row in rows],
-        "line": [row["record"].line for row in rows],
-        "domain": domains,
-        "kind": [row["record"].kind for row in rows],
-        "text": [row["record"].text for row in rows],
-        "text_chars": [len(row["record"].text) for row in rows],
-        "text_hash": [f"{row['exact']:016x}" for row in rows],
-        "n_tokens": [len(ids) for ids, _ in tokens],
-        "loss_tokens": [int(mask.sum()) for _, mask in tokens],
-        "loss_share": [float(mask.mean()) if len(mask) else 0.0 for _, mask in tokens],
-        "domain_share_dev": share_deviation(domains, targets),
-    })
-
-
-def check_batch(task: tuple[list[dict], GateSpecParams]) -> tuple[list, GateResult]:
-    """Tokenize and validate one batch (in a worker process): GE is most of a build's time."""
-    rows, (suite, params, targets) = task
-    tokens = tokenize_chunk([row["record"] for row in rows])
-    return tokens, validate_batch(suite, params, batch_frame(rows, tokens, targets))
-
-
 class BatchWriter:
-    def __init__(self, inputs: Inputs, staging: Path, suite: SuiteSpec, targets: dict[str, float]) -> None:
+    def __init__(self, inputs: Inputs, staging: Path, suite: SuiteSpec, targets: dict[str, float],
+                 quarantine: Quarantine) -> None:
         data = inputs.data
         self.inputs = inputs
         self.data = data
         self.staging = staging
         self.suite = suite
         self.targets = targets
+        self.quarantined = quarantine
+        self.counters: Counter[str] = Counter()
         pad_id = inputs.tokenizer["pad_id"]
         self.writers = {s: ShardWriter(staging / s, data.seq_len, pad_id, data.shard_size) for s in SPLITS}
         self.packers = {s: Packer(w) for s, w in self.writers.items()} if data.pack else {}
@@ -118,18 +95,24 @@ class BatchWriter:
         self.history: dict[str, Any] | None = None
         self.indexes: dict[str, dict] = {}
 
-    def gate_and_write(self, number: int, rows: list[dict], tokens: list, result: GateResult) -> None:
-        entry = {"batch": number, "records": len(rows), "suite": self.suite.key,
-                 "domains": dict(sorted(Counter(row["record"].domain for row in rows).items())),
-                 "status": "passed" if result.success else "quarantined"}
-        if result.success:
-            self.write(rows, tokens)
-            self.batches.append(entry)
+    def gate_and_write(self, number: int, rows: list[dict], passed: list[Checked], rejected: list[Checked],
+                       result: GateResult | None) -> None:
+        for c in rejected:
+            self.counters[f"record.{c.reason}"] += 1
+            self.quarantined.record(rows[c.position]["record"], "record", c.reason, c.detail, c.excerpt)
+        self.counters["record.truncated"] += sum(c.truncated for c in passed)
+        kept = [rows[c.position] for c in passed]
+        info = {"batch": number, "records": len(kept), "rejected_records": len(rejected), "suite": self.suite.key,
+                "domains": dict(sorted(Counter(row["record"].domain for row in kept).items())),
+                "status": "passed" if result is None or result.success else "quarantined"}
+        if result is None or result.success:
+            self.write(kept, passed)
+            self.batches.append(info)
             return
-        entry["failed"] = result.failed
-        folder = self.quarantine(number, rows, batch_frame(rows, tokens, self.targets), result.report)
-        entry["report"] = folder.relative_to(self.staging).as_posix() + "/validation.json"
-        self.batches.append(entry)
+        info["failed"] = result.failed
+        folder = self.quarantine(number, kept, batch_frame(rows, passed, self.targets), result.report)
+        info["report"] = folder.relative_to(self.staging).as_posix() + "/validation.json"
+        self.batches.append(info)
         if self.data.gate.on_batch_failure == "fail":
             keep = self.inputs.root / ".failed" / f"{self.inputs.key}-batch-{number:05d}"
             keep.parent.mkdir(parents=True, exist_ok=True)
@@ -145,8 +128,8 @@ class BatchWriter:
                 for f in result.failed
             )
             raise GateError(
-                f"batch {number} ({len(rows)} records, first {rows[0]['record'].source} line "
-                f"{rows[0]['record'].line}) failed expectation suite {self.suite.key}: {reasons}. "
+                f"batch {number} ({len(kept)} records, first {kept[0]['record'].source} line "
+                f"{kept[0]['record'].line}) failed expectation suite {self.suite.key}: {reasons}. "
                 f"The GE report and the batch are in {keep}. Fix: correct those records at their source, or set "
                 "data.gate.on_batch_failure=quarantine to build without this batch."
             )
@@ -154,15 +137,17 @@ class BatchWriter:
     def quarantine(self, number: int, rows: list[dict], frame, report: dict) -> Path:
         folder = self.staging / "quarantine" / "batches" / f"batch-{number:05d}"
         folder.mkdir(parents=True)
+        limit = self.data.excerpt_chars
         with (folder / "records.jsonl").open("w", encoding="utf-8") as fh:
-            for row, values in zip(rows, frame.drop(columns=["text"]).to_dict("records"), strict=True):
-                fh.write(json.dumps({**values, "messages": row["record"].messages}, ensure_ascii=False,
-                                    sort_keys=True, default=str) + "\n")
+            for row, values in zip(rows, frame.to_dict("records"), strict=True):
+                line = {**entry(row["record"], "gate", "batch_failed", limit=limit), **values}
+                fh.write(json.dumps(line, ensure_ascii=False, sort_keys=True, default=str) + "\n")
         atomic_write_json(folder / "validation.json", report)
         return folder
 
-    def write(self, rows: list[dict], tokens: list) -> None:
-        for row, (ids, mask) in zip(rows, tokens, strict=True):
+    def write(self, rows: list[dict], checked: list[Checked]) -> None:
+        for row, c in zip(rows, checked, strict=True):
+            ids, mask = c.ids, c.mask
             record = row["record"]
             split = split_of(record.record_id, self.inputs.seed, self.data.validation_fraction)
             meta = {"id": record.record_id, "domain": record.domain, "source": record.source,

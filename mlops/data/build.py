@@ -4,36 +4,77 @@ Streaming throughout: records flow through in chunks, cleaned records are spille
 batches are tokenized in worker processes and shards are flushed as they fill. Everything is written in a
 staging folder that becomes `.mlops/snapshots/<id>/` only after its manifest is written (format.publish).
 The id is a content hash, and a build whose inputs and config were built before returns at once.
+
+Failure is clean: a bad row or record is quarantined alone (with `data.on_bad_record: skip`); an error,
+SIGTERM or Ctrl-C stops the worker processes and removes the staging folder before it propagates, workers
+of a SIGKILLed build exit by themselves (mlops.data.parallel), and the next build sweeps staging folders
+whose build died. A build that keeps fewer than `data.min_records` records fails and publishes nothing.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import signal
+import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mlops.data import clean, tokenize
-from mlops.data.batches import BatchWriter, GateError, check_batch
+from mlops.data.batches import BatchWriter, GateError
+from mlops.data.checks import RecordPolicy, check_batch
 from mlops.data.dedup import ExactIndex, Keys, NearIndex, load_prior
 from mlops.data.diskindex import DiskExactIndex, DiskNearIndex, connect
-from mlops.data.format import hash_files, publish, read_manifest, snapshot_id_for, staging_dir
+from mlops.data.format import (
+    hash_files,
+    publish,
+    read_manifest,
+    snapshot_id_for,
+    staging_dir,
+    sweep_stale_staging,
+)
 from mlops.data.gate import SUITES, GateParams
 from mlops.data.inputs import Inputs, cached_snapshot, prepare, remember_build
 from mlops.data.manifest import assemble_manifest, log_build
 from mlops.data.mixing import domain_rng, interleave, plan_mix, select
 from mlops.data.parallel import OrderedPool, chunked
-from mlops.data.records import BadInputError, Issue, Record, read_source
+from mlops.data.quarantine import Quarantine
+from mlops.data.records import BadInputError, Record, read_source
+from mlops.errors import MLOpsError
 
 CLEAN_CHUNK = 128
 MAX_ISSUES = 200
-ISSUE_CODES = {"not UTF-8": "not_utf8", "malformed JSON": "malformed_json", "unknown record shape": "unknown_shape",
-               "missing field": "missing_field", "the source is empty": "empty_source"}
 
-__all__ = ["BuildResult", "GateError", "build_snapshot"]
+__all__ = ["BuildResult", "EmptySnapshotError", "GateError", "Terminated", "build_snapshot"]
+
+
+class EmptySnapshotError(MLOpsError):
+    """The build kept fewer records than data.min_records; nothing was published."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so every cleanup runs and the run is marked KILLED."""
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated(f"terminated by signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @dataclass
@@ -49,10 +90,6 @@ def _init_workers(cfg_json: str, eval_index, model_path: str) -> None:
     tokenize.init_worker(model_path)
 
 
-def issue_code(issue: Issue) -> str:
-    return next((code for prefix, code in ISSUE_CODES.items() if issue.problem.startswith(prefix)), "invalid_field")
-
-
 class Build:
     def __init__(self, inputs: Inputs, staging: Path) -> None:
         self.inputs = inputs
@@ -60,15 +97,15 @@ class Build:
         self.staging = staging
         self.work = staging / ".work"
         self.work.mkdir(parents=True)
-        (staging / "quarantine").mkdir()
         (staging / "reports").mkdir()
+        self.quarantine = Quarantine(staging / "quarantine", self.data.excerpt_chars)
         self.counters: Counter[str] = Counter()
         self.issues: list[dict] = []
         self.per_source = {s["name"]: Counter() for s in inputs.sources}
 
     # ----------------------------------------------------------------- reading
 
-    def records(self, bad_file) -> Any:
+    def records(self) -> Any:
         for src in self.inputs.sources:
             stats = self.per_source[src["name"]]
             for item in read_source(src["path"], src["name"], src["format"], src["domain"], src["sha256"]):
@@ -76,16 +113,14 @@ class Build:
                     stats["records"] += 1
                     yield item
                     continue
-                code = issue_code(item)
                 if self.data.on_bad_record == "fail":
                     raise BadInputError(item.message() + " (data.on_bad_record=fail; set it to skip to "
                                         "quarantine bad rows and go on)")
                 stats["issues"] += 1
-                self.counters[f"bad_input.{code}"] += 1
-                entry = {**item.as_dict(), "code": code}
+                self.counters[f"bad_input.{item.code}"] += 1
+                entry = self.quarantine.issue(item)
                 if len(self.issues) < MAX_ISSUES:  # all of them are in quarantine/bad_input.jsonl
                     self.issues.append(entry)
-                bad_file.write(json.dumps(entry, ensure_ascii=False) + "\n")
 
     # ----------------------------------------------------------------- stage A: clean
 
@@ -112,22 +147,22 @@ class Build:
         counts: Counter[str] = Counter()
         spills: dict[str, Any] = {}
         paths: dict[str, Path] = {}
-        with (self.staging / "quarantine" / "records.jsonl").open("w", encoding="utf-8") as quarantine, \
-                (self.staging / "quarantine" / "bad_input.jsonl").open("w", encoding="utf-8") as bad:
-            cleaner = clean.Cleaner(self.data, quarantine, exact, near)
-            results = pool.map(clean.clean_chunk, chunked(self.records(bad), CLEAN_CHUNK))
-            try:
-                for item in cleaner.consume(results):
-                    domain = item.record.domain
-                    if domain not in spills:
-                        paths[domain] = self.work / f"clean-{len(paths):03d}.jsonl"
-                        spills[domain] = paths[domain].open("w", encoding="utf-8")
-                    spills[domain].write(clean.spill_line(item))
-                    counts[domain] += 1
-            finally:
-                for fh in spills.values():
-                    fh.close()
+        cleaner = clean.Cleaner(self.data, self.quarantine, exact, near)
+        results = pool.map(clean.clean_chunk, chunked(self.records(), CLEAN_CHUNK))
+        try:
+            for item in cleaner.consume(results):
+                domain = item.record.domain
+                if domain not in spills:
+                    paths[domain] = self.work / f"clean-{len(paths):03d}.jsonl"
+                    spills[domain] = paths[domain].open("w", encoding="utf-8")
+                spills[domain].write(clean.spill_line(item))
+                counts[domain] += 1
+        finally:
+            for fh in spills.values():
+                fh.close()
         self.counters.update(cleaner.counters)
+        if near is not None:
+            self.counters["dedup.near_candidates"] = near.candidates
         with (self.staging / "reports" / "decontam.jsonl").open("w", encoding="utf-8") as fh:
             fh.writelines(json.dumps(h, ensure_ascii=False, sort_keys=True) + "\n" for h in cleaner.decontam_hits)
         return cleaner, dict(counts), paths
@@ -144,38 +179,65 @@ class Build:
             for d, n in plan.take.items() if n > 0
         }
         mixed = (row for _, row in interleave(streams, plan.take))
-        gate = (self.data.gate.suite, self.gate_params(plan.targets), plan.targets)
-        tasks = ((rows, gate) for rows in chunked(mixed, self.data.batch_size))
-        for number, ((rows, _), (tokens, result)) in enumerate(pool.map_pairs(check_batch, tasks)):
-            writer.gate_and_write(number, rows, tokens, result)
+        data = self.data
+        policy = RecordPolicy(data.seq_len, data.gate.min_tokens, data.overlong, data.excerpt_chars)
+        gate = (data.gate.suite, self.gate_params(plan.targets), plan.targets, policy)
+        tasks = ((rows, gate) for rows in chunked(mixed, data.batch_size))
+        for number, ((rows, _), (passed, rejected, result)) in enumerate(pool.map_pairs(check_batch, tasks)):
+            writer.gate_and_write(number, rows, passed, rejected, result)
 
     def run(self) -> dict:
         inputs, data = self.inputs, self.data
         cfg_json = data.model_dump_json()
-        eval_index = self.eval_index()
-        tokenize.preload(inputs.model["path"])
-        import great_expectations  # noqa: F401 - imported once here, so forked workers inherit it
-        started = time.time()
-        with OrderedPool(data.workers, _init_workers, (cfg_json, eval_index, inputs.model["path"])) as pool:
-            cleaner, available, paths = self.clean(pool)
-            plan = plan_mix(available, data.mix.ratios)
-            self.counters.update({f"mix.dropped_domain.{d}": n for d, n in plan.dropped_domains.items()})
-            self.counters.update({f"mix.not_selected.{d}": available[d] - plan.take.get(d, 0)
-                                  for d in available if d in plan.take})
-            writer = BatchWriter(inputs, self.staging, SUITES.get(data.gate.suite), plan.targets)
-            self.batches(pool, plan, paths, writer)
+        try:
+            eval_index = self.eval_index()
+            tokenize.preload(inputs.model["path"])
+            import great_expectations  # noqa: F401 - imported once here, so forked workers inherit it
+
+            started = time.time()
+            with OrderedPool(data.workers, _init_workers, (cfg_json, eval_index, inputs.model["path"])) as pool:
+                cleaner, available, paths = self.clean(pool)
+                self.require_records(sum(available.values()), "after cleaning")
+                plan = plan_mix(available, data.mix.ratios)
+                self.counters.update({f"mix.dropped_domain.{d}": n for d, n in plan.dropped_domains.items()})
+                self.counters.update({f"mix.not_selected.{d}": available[d] - plan.take.get(d, 0)
+                                      for d in available if d in plan.take})
+                writer = BatchWriter(inputs, self.staging, SUITES.get(data.gate.suite), plan.targets,
+                                     self.quarantine)
+                self.batches(pool, plan, paths, writer)
+        finally:
+            self.quarantine.close()
+        self.counters.update(writer.counters)
+        written = sum(b["records"] for b in writer.batches if b["status"] == "passed")
+        self.require_records(written, "after the per-record checks and the batch gate")
         writer.add_history()
         writer.close()
         writer.index.finish(self.staging, self.dedup_params())
         shutil.rmtree(self.work)
         return assemble_manifest(self, cleaner, plan, writer, eval_index, time.time() - started)
 
+    def require_records(self, kept: int, when: str) -> None:
+        """Fewer than data.min_records: fail with where the records went (nothing is published)."""
+        if kept >= self.data.min_records:
+            return
+        read = sum(c["records"] + c["issues"] for c in self.per_source.values())
+        lost = Counter({k: v for k, v in self.counters.items()
+                        if k.split(".")[0] in ("bad_input", "filter", "decontam", "dedup", "record", "error")
+                        and k != "dedup.near_candidates" and not k.startswith("dedup.prior_records")})
+        reasons = ", ".join(f"{k} {v}" for k, v in lost.most_common(5)) or "no rejections"
+        raise EmptySnapshotError(
+            f"the build kept {kept} record(s) {when}, fewer than data.min_records={self.data.min_records}, from "
+            f"{read} row(s) read in {len(self.per_source)} source(s) (top reasons: {reasons}); nothing was published. "
+            "Fix: check data.sources and the reasons above; relax the step that rejects most, or lower "
+            "data.min_records."
+        )
+
     def gate_params(self, targets: dict[str, float]) -> GateParams:
         data = self.data
         return GateParams(
-            min_chars=data.filters.min_chars, max_chars=data.filters.max_chars, min_tokens=data.gate.min_tokens,
-            max_tokens=data.seq_len, max_dup_ratio=data.gate.max_dup_ratio, min_loss_share=data.gate.min_loss_share,
-            tolerance=data.mix.tolerance, domains=sorted(targets) if data.mix.ratios else [],
+            max_dup_ratio=data.gate.max_dup_ratio, min_loss_share=data.gate.min_loss_share,
+            tolerance=data.mix.tolerance, max_truncated_share=data.gate.max_truncated_share,
+            domains=sorted(targets) if data.mix.ratios else [],
         )
 
     def eval_index(self):
@@ -188,27 +250,32 @@ class Build:
 
 
 def build_snapshot(cfg: Any, tracker: Any = None, *, force: bool = False) -> BuildResult:
-    """Build (or find) the snapshot for `cfg`; logs to `tracker` when given (MemoryTracker in tests)."""
-    inputs = prepare(cfg)
-    SUITES.get(inputs.data.gate.suite)  # an unknown suite fails before any work
-    cached = None if force else cached_snapshot(inputs)
-    if cached is not None:
-        manifest = read_manifest(cached)
-        result = BuildResult(cached.name, cached, manifest, noop=True)
-    else:
-        inputs.root.mkdir(parents=True, exist_ok=True)
-        staging = staging_dir(inputs.root)
-        try:
-            manifest = Build(inputs, staging).run()
-            files = hash_files(staging)
-            manifest["files"] = files
-            manifest["snapshot_id"] = snapshot_id_for(files, inputs.tokenizer["hash"], inputs.pipeline_hash)
-            path = publish(staging, inputs.root, manifest)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        remember_build(inputs, path.name)
-        result = BuildResult(path.name, path, read_manifest(path), noop=False)
-    if tracker is not None:
-        log_build(tracker, result)
-    return result
+    """Build (or find) the snapshot for `cfg`; logs to `tracker` when given (MemoryTracker in tests).
+
+    `force` rebuilds even when these inputs were built before, and replaces a published snapshot of the same
+    id whose files no longer verify."""
+    with sigterm_raises():
+        inputs = prepare(cfg)
+        cached = None if force else cached_snapshot(inputs)
+        if cached is not None:
+            manifest = read_manifest(cached)
+            result = BuildResult(cached.name, cached, manifest, noop=True)
+        else:
+            inputs.root.mkdir(parents=True, exist_ok=True)
+            sweep_stale_staging(inputs.root)
+            staging = staging_dir(inputs.root)
+            try:
+                manifest = Build(inputs, staging).run()
+                manifest["base_model_ref"] = str(cfg.base_model)
+                files = hash_files(staging)
+                manifest["files"] = files
+                manifest["snapshot_id"] = snapshot_id_for(files, inputs.tokenizer["hash"], inputs.pipeline_hash)
+                path = publish(staging, inputs.root, manifest, replace_invalid=force)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            remember_build(inputs, path.name)
+            result = BuildResult(path.name, path, read_manifest(path), noop=False)
+        if tracker is not None:
+            log_build(tracker, result)
+        return result

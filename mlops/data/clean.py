@@ -1,7 +1,10 @@
 """Cleaning: PII scrub, quality filters and decontamination per record (in worker processes), then exact
 and near dedup in record order (in the main process, which owns the indexes).
 
-Every rejection becomes a counter `<stage>.<reason>` and a quarantine line with the record and its reason.
+A record over `filters.max_chars` is rejected before it is scrubbed (scrubbing 50 MB buys nothing). Every
+rejection becomes a counter `<stage>.<reason>` and a quarantine line with the reason and a redacted excerpt,
+made in the worker for worker-side rejections; a near-duplicate drop names the kept record and the
+estimated similarity.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import numpy as np
 
@@ -20,7 +22,8 @@ from mlops.data.config import DataConfig
 from mlops.data.decontam import EvalIndex
 from mlops.data.dedup import ExactIndex, NearIndex, exact_hash, signature
 from mlops.data.filters import run_filters
-from mlops.data.pii import Scrubber
+from mlops.data.pii import Scrubber, redact
+from mlops.data.quarantine import Quarantine, excerpt
 from mlops.data.records import Record
 
 _STATE: dict = {}
@@ -29,11 +32,19 @@ _STATE: dict = {}
 @dataclass
 class Cleaned:
     record: Record
-    stage: str = ""  # "" = kept so far; else filter | decontam | dedup
+    stage: str = ""  # "" = kept so far; else filter | decontam | dedup | error
     reason: str = ""
     detail: dict = field(default_factory=dict)
     exact: int = 0
     sig: np.ndarray | None = None
+    excerpt: list[dict] | None = None  # redacted, for a rejection decided in the worker
+
+
+def _reject(record: Record, stage: str, reason: str, limit: int, detail: dict | None = None) -> Cleaned:
+    """The rejection travels back without the record's text: the redacted excerpt is all that is kept."""
+    cut = excerpt(record.messages, limit)
+    record.messages = []
+    return Cleaned(record, stage, reason, detail or {}, excerpt=cut)
 
 
 def init_worker(cfg_json: str, eval_index: EvalIndex) -> None:
@@ -49,21 +60,33 @@ def clean_chunk(records: list[Record]) -> tuple[list[Cleaned], dict[str, int]]:
     scrubber.counts.clear()
     out = []
     for record in records:
-        for message in record.messages:
-            message["content"] = scrubber.scrub(message["content"])
-        text = record.text
-        ok, reason = run_filters(record, cfg.filters)
-        if not ok:
-            out.append(Cleaned(record, "filter", reason))
-            continue
-        hit = index.find(text)
-        if hit is not None:
-            ref, gram = hit
-            out.append(Cleaned(record, "decontam", "eval_overlap", {**ref, "ngram": gram}))
-            continue
-        sig = signature(text, cfg.dedup.num_perm, cfg.dedup.shingle) if cfg.dedup.near else None
-        out.append(Cleaned(record, exact=exact_hash(text), sig=sig))
+        try:
+            out.append(_clean_one(record, cfg, scrubber, index))
+        except Exception as err:  # noqa: BLE001 - a record the steps cannot handle costs itself, not the build
+            try:
+                out.append(_reject(record, "error", type(err).__name__, cfg.excerpt_chars))
+            except Exception:  # noqa: BLE001 - the redactor itself failed on it: keep no text at all
+                out.append(_reject(record, "error", type(err).__name__, 0))
     return out, dict(scrubber.counts)
+
+
+def _clean_one(record: Record, cfg: DataConfig, scrubber: Scrubber, index: EvalIndex) -> Cleaned:
+    limit = cfg.excerpt_chars
+    if "length" in cfg.filters.steps and sum(len(m["content"]) for m in record.messages) > cfg.filters.max_chars:
+        return _reject(record, "filter", "too_long", limit)
+    for message in record.messages:
+        message["content"] = scrubber.scrub(message["content"])
+    text = record.text
+    ok, reason = run_filters(record, cfg.filters)
+    if not ok:
+        return _reject(record, "filter", reason, limit)
+    hit = index.find(text)
+    if hit is not None:
+        ref, gram = hit
+        # The shared n-gram is the record's text too: it leaves the worker redacted, like any excerpt.
+        return _reject(record, "decontam", "eval_overlap", limit, {**ref, "ngram": redact(gram, 200)})
+    sig = signature(text, cfg.dedup.num_perm, cfg.dedup.shingle) if cfg.dedup.near else None
+    return Cleaned(record, exact=exact_hash(text), sig=sig)
 
 
 def encode_sig(sig: np.ndarray | None) -> str | None:
@@ -77,7 +100,7 @@ def decode_sig(text: str | None) -> np.ndarray | None:
 class Cleaner:
     """Owns the dedup indexes and the quarantine file; consumes worker results in record order."""
 
-    def __init__(self, cfg: DataConfig, quarantine: IO[str], exact: ExactIndex, near: NearIndex | None) -> None:
+    def __init__(self, cfg: DataConfig, quarantine: Quarantine, exact: ExactIndex, near: NearIndex | None) -> None:
         self.cfg = cfg
         self.quarantine = quarantine
         self.exact = exact
@@ -88,10 +111,7 @@ class Cleaner:
 
     def reject(self, item: Cleaned) -> None:
         self.counters[f"{item.stage}.{item.reason}"] += 1
-        r = item.record
-        entry = {"stage": item.stage, "reason": item.reason, "record_id": r.record_id, "source": r.source,
-                 "line": r.line, "domain": r.domain, "kind": r.kind, "messages": r.messages, **item.detail}
-        self.quarantine.write(json.dumps(entry, ensure_ascii=False, sort_keys=True) + "\n")
+        entry = self.quarantine.record(item.record, item.stage, item.reason, item.detail, item.excerpt)
         if item.stage == "decontam":
             self.decontam_hits.append({k: entry[k] for k in ("record_id", "source", "line", "eval_file",
                                                               "eval_line", "eval_id", "ngram")})
@@ -108,11 +128,11 @@ class Cleaner:
         else:
             self.exact.check_add(item.exact, key)
         if self.near is not None and item.sig is not None:
-            earlier = self.near.check_add(item.sig, key)
-            if earlier is not None:
-                prior = "#" in earlier
-                item.stage, item.reason = "dedup", "near_of_snapshot" if prior else "near"
-                item.detail = {"duplicate_of": earlier}
+            match = self.near.check_add(item.sig, key)
+            if match is not None:
+                earlier, sim = match
+                item.stage, item.reason = "dedup", "near_of_snapshot" if "#" in earlier else "near"
+                item.detail = {"duplicate_of": earlier, "similarity": round(sim, 4)}
         return item
 
     def consume(self, results: Iterable[tuple[list[Cleaned], dict[str, int]]]) -> Iterator[Cleaned]:

@@ -1,4 +1,4 @@
-"""`mlops data ...`: build, show, verify and list snapshots; list gate suites; generate the sample data.
+"""`mlops data ...`: build, rebuild, show, verify and list snapshots; list gate suites; generate the sample data.
 
 `mlflow run mlproject -e data -P config=...` calls `mlops data build --config {config} {overrides}`.
 """
@@ -17,18 +17,22 @@ RootOpt = typer.Option(None, "--root", help="snapshots folder (default .mlops/sn
 
 
 def run_build(cfg, *, force: bool = False):
-    """The build as a tracked run with lineage tags; returns the BuildResult."""
+    """The build as a tracked run with lineage tags; returns the BuildResult. SIGTERM ends it as KILLED, and
+    runs a SIGKILLed build left RUNNING on this host are marked KILLED first (every stage run records its host
+    and process, and the reaper runs when a stage starts: mlops.reaper)."""
     from mlops.config import config_hash
-    from mlops.data.build import build_snapshot
+    from mlops.data.build import build_snapshot, sigterm_raises
     from mlops.lineage import Tag, collect_lineage, enforce_release
     from mlops.tracking import tracked_run
 
-    lineage = collect_lineage(config_hash(cfg), cfg.run.seed, base_model=cfg.base_model,
-                              extra={Tag.STAGE: "data"})
-    enforce_release(lineage, cfg.run.release)
-    with tracked_run(cfg.run.experiment, run_name=cfg.run.run_name or "data-build", tags=lineage.as_tags()) as tracker:
-        result = build_snapshot(cfg, tracker, force=force)
-        return result, tracker.run_id
+    with sigterm_raises():
+        lineage = collect_lineage(config_hash(cfg), cfg.run.seed, base_model=cfg.base_model,
+                                  extra={Tag.STAGE: "data"})
+        enforce_release(lineage, cfg.run.release)
+        with tracked_run(cfg.run.experiment, run_name=cfg.run.run_name or "data-build",
+                         tags=lineage.as_tags()) as tracker:
+            result = build_snapshot(cfg, tracker, force=force)
+            return result, tracker.run_id
 
 
 @app.command("build")
@@ -39,7 +43,35 @@ def build(
 ) -> None:
     """Build a data snapshot from the config's `data:` section (a no-op when already built)."""
     cfg = load(config, overrides)
-    result, run_id = run_build(cfg, force=force)
+    _report(*run_build(cfg, force=force))
+
+
+@app.command("rebuild")
+def rebuild(snapshot_id: str = typer.Argument(..., help="snapshot id (or unique prefix) to build again"),
+            root: Path | None = RootOpt) -> None:
+    """Rebuild a snapshot from the config recorded in its manifest, replacing its folder if it fails verification."""
+    from mlops.config import validate_config
+    from mlops.data.format import read_manifest
+    from mlops.data.snapshot import resolve_snapshot
+    from mlops.errors import MLOpsError
+
+    folder = resolve_snapshot(snapshot_id, root)
+    m = read_manifest(folder)
+    data = {**m["config"], "output_dir": str(folder.parent)}
+    cfg = validate_config({"base_model": m.get("base_model_ref") or m["base_model"]["name"],
+                           "run": {"seed": m["seed"], "experiment": "data"}, "data": data},
+                          source=f"the manifest of {folder.name}")
+    result, run_id = run_build(cfg, force=True)
+    _report(result, run_id)
+    if result.snapshot_id != folder.name:
+        raise MLOpsError(
+            f"the rebuild produced {result.snapshot_id}, not {folder.name}: its sources or base model changed since "
+            f"(the manifest records their hashes). {folder.name} is left as it was. Fix: restore the inputs it was "
+            "built from, or use the new snapshot and delete the old folder."
+        )
+
+
+def _report(result, run_id: str) -> None:
     m = result.manifest
     state = "already built (no work done)" if result.noop else f"built in {m.get('build_seconds')} s"
     samples = m.get("counts", {}).get("samples", {})
@@ -53,7 +85,7 @@ def build(
     if issues.get("count"):
         typer.echo(f"  issues   {issues['count']} bad input rows quarantined, e.g.:")
         for item in issues.get("listed", [])[:5]:
-            typer.echo(f"    {item['file']}:{item['line']} {item['problem']}")
+            typer.echo(f"    {item['file']}:{item['line']} [{item.get('code', '')}] {item['problem']}")
     typer.echo(f"  run      {run_id}")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from mlops.config import StrictModel, volatile
 
@@ -15,12 +15,49 @@ class SourceConfig(StrictModel):
     format: Literal["auto", "jsonl", "parquet", "csv"] = Field("auto", description="file format; auto = by suffix")
 
 
+def _known(kind: str, names: list[str], registry_of) -> list[str]:
+    """Registered names only, checked when the config is read: a typo never reaches a worker process."""
+    from mlops.errors import did_you_mean
+
+    registry = registry_of()
+    for name in names:
+        if name not in registry:
+            raise ValueError(f"unknown {kind} '{name}': {did_you_mean(name, registry.names())}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{kind}s {sorted({n for n in names if names.count(n) > 1})} are listed more than once")
+    return names
+
+
+def _pii_registry():
+    from mlops.data.pii import DETECTORS
+
+    return DETECTORS
+
+
+def _filter_registry():
+    from mlops.data.filters import FILTERS
+
+    return FILTERS
+
+
+def _suite_registry():
+    from mlops.data.gate import SUITES
+
+    return SUITES
+
+
 class PIIConfig(StrictModel):
     enabled: bool = Field(True, description="replace PII with typed placeholders such as [EMAIL]")
     types: list[str] = Field(
-        default_factory=lambda: ["email", "credit_card", "national_id", "ip_address", "phone"],
-        description="PII detectors to run, in order (see mlops.data.pii.DETECTORS)",
+        default_factory=lambda: ["api_key", "email", "iban", "credit_card", "national_id", "ip_address",
+                                 "date_of_birth", "password", "phone", "address", "name"],
+        description="PII detectors to run (see mlops.data.pii.DETECTORS); overlaps are settled most specific first",
     )
+
+    @field_validator("types")
+    @classmethod
+    def _registered(cls, value: list[str]) -> list[str]:
+        return _known("PII detector", value, _pii_registry)
 
 
 class FilterConfig(StrictModel):
@@ -30,8 +67,13 @@ class FilterConfig(StrictModel):
             "length",
             "url_ratio",
             "symbol_ratio",
+            "short_answer",
+            "encoded_blob",
+            "markup",
+            "char_repetition",
             "repeated_ngrams",
             "mixed_language",
+            "language",
         ],
         description="registered quality filters to run, in order (see mlops.data.filters.FILTERS)",
     )
@@ -44,6 +86,39 @@ class FilterConfig(StrictModel):
     max_mixed_language_ratio: float = Field(
         0.2, ge=0, le=1, description="largest share of letters outside the record's dominant script"
     )
+    min_answer_words: int = Field(3, ge=0, description="fewest words in every assistant turn (one-word answers)")
+    max_blob_ratio: float = Field(
+        0.2, ge=0, le=1, description="largest share of characters in base64/hex-like runs of 48+ characters"
+    )
+    max_blob_chars: int = Field(256, ge=16, description="longest single base64/hex-like run in a record")
+    max_markup_ratio: float = Field(0.2, ge=0, le=1, description="largest share of characters in HTML/XML tags, "
+                                    "entities and BBCode")
+    max_char_repetition_ratio: float = Field(
+        0.2, ge=0, le=1, description="largest share of characters in runs of one short unit repeated ('aaaa', 'hahaha')"
+    )
+    languages: list[str] = Field(
+        default_factory=lambda: ["en"], description="ISO 639-1 codes a record may be written in (empty: any)"
+    )
+    min_language_confidence: float = Field(
+        0.5, ge=0, le=1, description="language id confidence needed to reject a record as another language"
+    )
+
+    @field_validator("steps")
+    @classmethod
+    def _registered(cls, value: list[str]) -> list[str]:
+        return _known("quality filter", value, _filter_registry)
+
+    @field_validator("languages")
+    @classmethod
+    def _iso_codes(cls, value: list[str]) -> list[str]:
+        from mlops.data.filters import LANGUAGES
+
+        for code in value:
+            if code not in LANGUAGES:
+                from mlops.errors import did_you_mean
+
+                raise ValueError(f"unknown language code '{code}': {did_you_mean(code, LANGUAGES)}")
+        return value
 
 
 class DedupConfig(StrictModel):
@@ -93,12 +168,21 @@ class MixConfig(StrictModel):
 
 class GateConfig(StrictModel):
     suite: str = Field("snapshot_batch", description="registered expectation suite (see `mlops data suites`)")
+    max_truncated_share: float = Field(
+        0.25, ge=0, le=1, description="largest share of truncated records in a batch (data.overlong=truncate)"
+    )
     on_batch_failure: Literal["fail", "quarantine"] = Field(
         "fail", description="a failing batch stops the build (fail) or is set aside whole (quarantine)"
     )
-    min_tokens: int = Field(8, ge=1, description="fewest tokens in a tokenized record")
+    min_tokens: int = Field(8, ge=1, description="fewest tokens in a tokenized record (checked per record)")
     max_dup_ratio: float = Field(0.01, ge=0, le=1, description="largest share of duplicate texts in a batch")
     min_loss_share: float = Field(0.05, ge=0, le=1, description="smallest mean share of assistant (loss) tokens")
+
+    @field_validator("suite")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        _known("expectation suite", [value], _suite_registry)
+        return value
 
 
 class DataConfig(StrictModel):
@@ -110,6 +194,15 @@ class DataConfig(StrictModel):
     )
     batch_size: int = Field(256, ge=1, description="records per Great Expectations gated batch")
     seq_len: int = Field(512, ge=16, description="tokens per packed training sequence")
+    overlong: Literal["drop", "truncate"] = Field(
+        "drop", description="a record longer than seq_len tokens is dropped or truncated to seq_len, by itself"
+    )
+    min_records: int = Field(
+        1, ge=1, description="fewest records the snapshot must hold; a build below it fails and publishes nothing"
+    )
+    excerpt_chars: int = volatile(
+        500, ge=0, le=100_000, description="characters per message kept, PII-redacted, for a quarantined record"
+    )
     pack: bool = Field(False, description="pack several records into one sequence instead of one per sequence")
     validation_fraction: float = Field(0.05, ge=0, lt=1, description="share of records held out by record id")
     shard_size: int = Field(4096, ge=1, description="samples per memory-mapped shard")

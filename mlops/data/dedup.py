@@ -2,7 +2,9 @@
 
 Exact: a 64-bit hash of the normalised text (lowercased words, punctuation and spacing dropped).
 Near: MinHash signatures of word shingles (computed in worker processes) in a MinHash LSH index (datasketch),
-queried and filled in record order in the main process so the result does not depend on worker timing.
+queried and filled in record order in the main process so the result does not depend on worker timing. LSH
+only proposes candidates (records sharing a band); a candidate is a near duplicate only when its estimated
+Jaccard similarity (share of equal signature rows) reaches the threshold, and the drop names the kept record.
 A snapshot stores the hashes and signatures of the records it holds (`dedup/`), so a later build can treat
 them as already seen. `ExactIndex`/`NearIndex` keep the index in memory (datasketch MinHashLSH);
 mlops.data.diskindex keeps the same banding on disk, so memory stays flat however large the input.
@@ -47,10 +49,16 @@ def shingles(text: str, k: int) -> list[bytes]:
     return [" ".join(tokens[i : i + k]).encode() for i in range(len(tokens) - k + 1)]
 
 
+_PERMUTATIONS: dict[int, object] = {}
+
+
 def signature(text: str, num_perm: int, k: int) -> np.ndarray:
     from datasketch import MinHash
 
-    mh = MinHash(num_perm=num_perm, seed=MINHASH_SEED, scheme=SCHEME)
+    # Drawing the permutations costs more than hashing a short text: draw them once per process.
+    if num_perm not in _PERMUTATIONS:
+        _PERMUTATIONS[num_perm] = MinHash(num_perm=num_perm, seed=MINHASH_SEED, scheme=SCHEME).permutations
+    mh = MinHash(num_perm=num_perm, seed=MINHASH_SEED, scheme=SCHEME, permutations=_PERMUTATIONS[num_perm])
     mh.update_batch(shingles(text, k))
     return mh.hashvalues.astype(np.uint32)
 
@@ -68,12 +76,20 @@ class Keys:
         self.ranges: list[tuple[int, str]] = []  # (first negative key, snapshot id)
         self.next_prior = 1
         self.other: list[str] = []
+        self._other: dict[str, int] = {}
 
     def encode(self, key: str) -> int:
         if RECORD_ID.fullmatch(key):
             return int(key[2:], 16)
-        self.other.append(key)  # names that are not record ids (tests, tools) keep their spelling
-        return -(1 << 62) - len(self.other) + 1
+        sid, sep, row = key.rpartition("#")
+        if sep and row.isdigit():
+            start = next((first for first, s in self.ranges if s == sid), None)
+            if start is not None:
+                return -(start + int(row))
+        if key not in self._other:  # names that are not record ids (tests, tools) keep their spelling
+            self.other.append(key)
+            self._other[key] = -(1 << 62) - len(self.other) + 1
+        return self._other[key]
 
     def prior(self, snapshot_id: str, count: int) -> int:
         start = self.next_prior
@@ -108,30 +124,51 @@ class ExactIndex:
         return self.keys.decode(earlier)
 
 
+def similarity(a: np.ndarray, b: np.ndarray) -> float:
+    """Estimated Jaccard similarity of two MinHash signatures: the share of equal rows."""
+    return float(np.count_nonzero(np.asarray(a) == np.asarray(b))) / len(a)
+
+
+def best_match(sig: np.ndarray, candidates: dict[int, np.ndarray], threshold: float) -> tuple[int, float] | None:
+    """The most similar candidate at or above the threshold (lowest key on a tie), else None."""
+    scored = [(similarity(sig, other), -key) for key, other in candidates.items()]
+    scored = [(sim, neg) for sim, neg in scored if sim >= threshold]
+    if not scored:
+        return None
+    sim, neg = max(scored)
+    return -neg, sim
+
+
 class NearIndex:
     def __init__(self, threshold: float, num_perm: int, keys: Keys | None = None) -> None:
         from datasketch import MinHashLSH
 
         self.keys = keys or Keys()
         self.num_perm = num_perm
+        self.threshold = threshold
         self.lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, hashfunc=_band_hash)
+        self.sigs: dict[int, bytes] = {}  # what candidates are confirmed against
+        self.candidates = 0  # LSH proposals, confirmed or not (the manifest reports both)
 
     def _minhash(self, sig: np.ndarray):
         from datasketch import LeanMinHash
 
         return LeanMinHash(seed=MINHASH_SEED, hashvalues=sig.astype(np.uint64), scheme=SCHEME)
 
-    def check_add(self, sig: np.ndarray, key: str | int) -> str | None:
-        """The key of an earlier near duplicate, else None (and index this one)."""
+    def check_add(self, sig: np.ndarray, key: str | int) -> tuple[str, float] | None:
+        """(key of the earlier near duplicate, estimated similarity), else None (and index this one)."""
         mh = self._minhash(sig)
         found = self.lsh.query(mh)
-        if found:
-            return self.keys.decode(min(found))  # stable choice when several match
-        self.lsh.insert(key if isinstance(key, int) else self.keys.encode(key), mh)
+        self.candidates += len(found)
+        match = best_match(sig, {k: np.frombuffer(self.sigs[k], dtype="<u4") for k in found}, self.threshold)
+        if match is not None:
+            return self.keys.decode(match[0]), match[1]
+        self.insert(key if isinstance(key, int) else self.keys.encode(key), sig, mh)
         return None
 
-    def insert(self, key: int, sig: np.ndarray) -> None:
-        self.lsh.insert(key, self._minhash(sig))
+    def insert(self, key: int, sig: np.ndarray, mh=None) -> None:
+        self.lsh.insert(key, mh if mh is not None else self._minhash(sig))
+        self.sigs[key] = np.asarray(sig, dtype="<u4").tobytes()
 
 
 class IndexWriter:

@@ -3,8 +3,8 @@
 `DiskNearIndex` is MinHash LSH with the band count and width datasketch's MinHashLSH picks for the threshold
 and number of permutations: a record is a near-duplicate candidate when any of its b bands of r signature
 rows collides with an earlier record's. Each band bucket keeps the first key (record id, or snapshot#row)
-that filled it; a bucket exists exactly when some earlier record hashed into it, so the same records are
-kept as with the in-memory index.
+that filled it, and every indexed key's signature, so each candidate is confirmed against the threshold by its
+estimated Jaccard similarity exactly as the in-memory index does: both keep the same records.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlops.data.dedup import Keys
+from mlops.data.dedup import Keys, best_match
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -55,8 +55,14 @@ class DiskNearIndex:
         self.db = db
         self.keys = keys
         self.num_perm = num_perm
-        db.execute("CREATE TABLE IF NOT EXISTS bands (h INTEGER PRIMARY KEY, key TEXT NOT NULL)")
-        self._query = f"SELECT min(key) FROM bands WHERE h IN ({','.join('?' * self.b)})"
+        self.threshold = threshold
+        self.candidates = 0
+        # Each indexed record once in `sigs` (its key and signature); band rows point at it by row number.
+        db.execute("CREATE TABLE IF NOT EXISTS sigs (r INTEGER PRIMARY KEY, key TEXT NOT NULL, sig BLOB NOT NULL)")
+        db.execute("CREATE TABLE IF NOT EXISTS bands (h INTEGER NOT NULL, r INTEGER NOT NULL, PRIMARY KEY (h, r))"
+                   " WITHOUT ROWID")
+        self._query = (f"SELECT key, sig FROM sigs WHERE r IN "
+                       f"(SELECT DISTINCT r FROM bands WHERE h IN ({','.join('?' * self.b)}))")
 
     def bands(self, sig: np.ndarray) -> list[int]:
         raw = np.asarray(sig, dtype="<u4")
@@ -66,17 +72,23 @@ class DiskNearIndex:
             out.append(_signed(int.from_bytes(hashlib.blake2b(band, digest_size=8).digest(), "little")))
         return out
 
-    def check_add(self, sig: np.ndarray, key: str | int) -> str | None:
-        """The key of an earlier near duplicate, else None (and index this one)."""
+    def check_add(self, sig: np.ndarray, key: str | int) -> tuple[str, float] | None:
+        """(key of the earlier near duplicate, estimated similarity), else None (and index this one)."""
         hashes = self.bands(sig)
-        earlier = self.db.execute(self._query, hashes).fetchone()[0]
-        if earlier is not None:
-            return earlier
-        self._insert(hashes, self.keys.decode(key) if isinstance(key, int) else key)
+        rows = self.db.execute(self._query, hashes).fetchall()
+        self.candidates += len(rows)
+        # Candidates by their int key, so ties break as in the in-memory index (lowest key).
+        found = {self.keys.encode(k): np.frombuffer(blob, dtype="<u4") for k, blob in rows}
+        match = best_match(sig, found, self.threshold)
+        if match is not None:
+            return self.keys.decode(match[0]), match[1]
+        self._insert(hashes, self.keys.decode(key) if isinstance(key, int) else key, sig)
         return None
 
     def insert(self, key: int, sig: np.ndarray) -> None:
-        self._insert(self.bands(sig), self.keys.decode(key))
+        self._insert(self.bands(sig), self.keys.decode(key), sig)
 
-    def _insert(self, hashes: list[int], key: str) -> None:
-        self.db.executemany("INSERT OR IGNORE INTO bands VALUES (?, ?)", [(h, key) for h in hashes])
+    def _insert(self, hashes: list[int], key: str, sig: np.ndarray) -> None:
+        row = self.db.execute("INSERT INTO sigs (key, sig) VALUES (?, ?)",
+                              (key, np.asarray(sig, dtype="<u4").tobytes())).lastrowid
+        self.db.executemany("INSERT OR IGNORE INTO bands VALUES (?, ?)", [(h, row) for h in hashes])

@@ -194,15 +194,38 @@ class ShardWriter:
         return index
 
 
-def publish(staging: Path, root: Path, manifest: dict) -> Path:
-    """Write the manifest last, then move the folder into place: a half-built snapshot is never visible."""
+def verify_files(folder: Path, manifest: Mapping[str, Any]) -> list[str]:
+    """What differs between a snapshot folder and its manifest: changed, missing or extra files."""
+    expected: dict[str, str] = dict(manifest.get("files", {}))
+    present = {p.relative_to(folder).as_posix(): p for p in data_files(folder)}
+    problems = []
+    for name, digest in sorted(expected.items()):
+        path = present.get(name)
+        if path is None:
+            problems.append(f"'{name}' is missing")
+        elif file_sha256(path) != digest:
+            problems.append(f"'{name}' changed (sha256 differs from the manifest)")
+    problems += [f"'{name}' is not in the manifest" for name in sorted(set(present) - set(expected))]
+    return problems
+
+
+def publish(staging: Path, root: Path, manifest: dict, *, replace_invalid: bool = False) -> Path:
+    """Write the manifest last, then move the folder into place: a half-built snapshot is never visible.
+
+    A complete snapshot of the same id is kept (same id, same content), unless `replace_invalid` and its files
+    no longer match its manifest: then it is moved aside and replaced (`mlops data build --force`)."""
     snapshot_id = manifest["snapshot_id"]
     manifest = {**manifest, "complete": True, "format_version": FORMAT_VERSION}
     atomic_write_json(staging / MANIFEST, manifest)
     final = root / snapshot_id
     if is_complete(final):
-        shutil.rmtree(staging, ignore_errors=True)  # same id, same content: a rebuild changes nothing
-        return final
+        stale = read_manifest(final) or {}
+        if not (replace_invalid and verify_files(final, stale)):
+            shutil.rmtree(staging, ignore_errors=True)  # same id, same content: a rebuild changes nothing
+            return final
+        trash = root / f".trash-{snapshot_id}-{uuid.uuid4().hex[:8]}"
+        os.replace(final, trash)  # readers holding the old folder open keep their files until they close them
+        shutil.rmtree(trash, ignore_errors=True)
     shutil.rmtree(final, ignore_errors=True)  # a leftover without a complete manifest is garbage
     try:
         os.replace(staging, final)
@@ -217,6 +240,31 @@ def staging_dir(root: Path) -> Path:
     path = root / f".staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     path.mkdir(parents=True)
     return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale_staging(root: Path) -> list[Path]:
+    """Remove staging (and trash) folders whose builder process is gone: what a SIGKILLed build left behind.
+    The pid in the folder name says whose it is; a live pid's folder is another build in progress."""
+    removed = []
+    for path in root.glob(".staging-*") if root.is_dir() else []:
+        pid = path.name.split("-")[1] if path.name.count("-") >= 2 else ""
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    for path in root.glob(".trash-*") if root.is_dir() else []:
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def write_snapshot(

@@ -1,9 +1,13 @@
 """The Great Expectations gate: every batch is validated with a registered, versioned suite before it may
 enter the snapshot.
 
-A batch is a pandas frame with one row per tokenized record (`COLUMNS`). Batch-level facts that GE checks
-per row are broadcast into columns: `domain_share_dev` is how far the record's domain share in this batch
-is from its target beyond the rounding a batch of n records cannot avoid (1/n), clipped at 0.
+A batch is a pandas frame with one row per tokenized record that passed its own checks (`COLUMNS`; no text,
+so a GE report never quotes a record). What one record can get wrong (length, token bounds, loss tokens,
+PII) is checked per record before the batch is formed (mlops.data.filters, mlops.data.checks); the suite
+holds what only a batch shows: the schema, unique ids, the duplicate share, domain shares, the mean share of
+assistant tokens, the share of truncated records. Batch-level facts that GE checks per row are broadcast into
+columns: `domain_share_dev` is how far the record's domain share in this batch is from its target beyond
+the rounding a batch of n records cannot avoid (1/n), clipped at 0.
 """
 
 from __future__ import annotations
@@ -13,24 +17,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlops.data.pii import GATE_PATTERNS
 from mlops.plugins import Registry
 
 COLUMNS = [
-    "record_id", "source", "line", "domain", "kind", "text", "text_chars", "text_hash",
-    "n_tokens", "loss_tokens", "loss_share", "domain_share_dev",
+    "record_id", "source", "line", "domain", "kind", "text_chars", "text_hash",
+    "n_tokens", "loss_tokens", "loss_share", "truncated", "domain_share_dev",
 ]
 
 
 @dataclass(frozen=True)
 class GateParams:
-    min_chars: int
-    max_chars: int
-    min_tokens: int
-    max_tokens: int
     max_dup_ratio: float
     min_loss_share: float
     tolerance: float
+    max_truncated_share: float = 1.0
     domains: list[str] = field(default_factory=list)  # empty: any domain
 
 
@@ -49,23 +49,20 @@ class SuiteSpec:
 SUITES: Registry[SuiteSpec] = Registry("expectation suite")
 
 
-def _snapshot_batch_v1(p: GateParams) -> list[Any]:
+def _snapshot_batch_v2(p: GateParams) -> list[Any]:
     import great_expectations as gx
 
     E = gx.expectations
     out = [
         E.ExpectTableRowCountToBeBetween(min_value=1),
         E.ExpectTableColumnsToMatchSet(column_set=COLUMNS, exact_match=True),
-        *[E.ExpectColumnValuesToNotBeNull(column=c) for c in ("record_id", "source", "domain", "kind", "text")],
+        *[E.ExpectColumnValuesToNotBeNull(column=c) for c in ("record_id", "source", "domain", "kind")],
         E.ExpectColumnValuesToBeInSet(column="kind", value_set=["chat", "instruction", "text"]),
         E.ExpectColumnValuesToBeUnique(column="record_id"),
-        E.ExpectColumnValuesToBeBetween(column="text_chars", min_value=p.min_chars, max_value=p.max_chars),
-        E.ExpectColumnValuesToNotMatchRegexList(column="text", regex_list=list(GATE_PATTERNS.values())),
         E.ExpectColumnProportionOfUniqueValuesToBeBetween(column="text_hash", min_value=1 - p.max_dup_ratio),
         E.ExpectColumnValuesToBeBetween(column="domain_share_dev", min_value=0, max_value=p.tolerance),
-        E.ExpectColumnValuesToBeBetween(column="n_tokens", min_value=p.min_tokens, max_value=p.max_tokens),
-        E.ExpectColumnValuesToBeBetween(column="loss_tokens", min_value=1),
         E.ExpectColumnMeanToBeBetween(column="loss_share", min_value=p.min_loss_share, max_value=1),
+        E.ExpectColumnMeanToBeBetween(column="truncated", min_value=0, max_value=p.max_truncated_share),
     ]
     if p.domains:
         out.append(E.ExpectColumnValuesToBeInSet(column="domain", value_set=sorted(p.domains)))
@@ -73,10 +70,10 @@ def _snapshot_batch_v1(p: GateParams) -> list[Any]:
 
 
 SUITES.add("snapshot_batch", SuiteSpec(
-    "snapshot_batch", 1,
-    "schema and non-null fields, unique ids, length and token bounds, no PII left, duplicate ratio, "
-    "domain shares within tolerance, non-zero assistant (loss) tokens",
-    _snapshot_batch_v1,
+    "snapshot_batch", 2,
+    "batch-level only (per-record checks run before batching): schema and non-null fields, unique ids, "
+    "duplicate share, domain shares within tolerance, mean assistant (loss) share, share of truncated records",
+    _snapshot_batch_v2,
 ))
 
 

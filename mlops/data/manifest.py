@@ -72,7 +72,9 @@ def assemble_manifest(build: Any, cleaner: Any, plan: Any, writer: Any, eval_ind
                  "on_batch_failure": data.gate.on_batch_failure, "batch_size": data.batch_size,
                  "passed": len(passed), "quarantined": len(quarantined)},
         "batches": writer.batches,
-        "dedup": {**build.dedup_params(), "against_snapshots": [sid for sid, _ in inputs.priors]},
+        "dedup": {**build.dedup_params(), "against_snapshots": [sid for sid, _ in inputs.priors],
+                  "near_candidates": counters.get("dedup.near_candidates", 0),
+                  "near_confirmed": counters.get("dedup.near", 0) + counters.get("dedup.near_of_snapshot", 0)},
         "decontam": {"ngram": data.decontam.ngram, "eval_items": eval_index.items,
                      "hits": len(cleaner.decontam_hits), "examples": cleaner.decontam_hits[:MAX_LISTED]},
         "issues": {"count": sum(v for k, v in counters.items() if k.startswith("bad_input.")),
@@ -154,5 +156,5 @@ def describe(manifest: dict) -> str:
     issues = manifest.get("issues", {})
     if issues.get("count"):
         lines.append(f"issues     {issues['count']}")
-        lines += [f"  {i['file']}:{i['line']} {i['problem']}" for i in issues.get("listed", [])[:10]]
+        lines += [f"  {i['file']}:{i['line']} [{i.get('code', '')}] {i['problem']}" for i in issues.get("listed", [])[:10]]
     return "\n".join(lines)

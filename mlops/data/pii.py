@@ -1,107 +1,115 @@
-"""PII scrubbing: typed placeholders for emails, phone numbers, IP addresses, credit cards and national ids.
+"""PII scrubbing: typed placeholders ([EMAIL], [PHONE], [CREDIT_CARD], ...) for what the registered detectors
+find.
 
-Detectors run in a fixed order (cards before phones, IPs before phones) so a long digit run is claimed by
-the most specific type. Credit cards must pass the Luhn check and IPv6 candidates must parse, so order
-numbers and clock times are left alone. `GATE_PATTERNS` are the plain regexes the Great Expectations gate
-re-checks on scrubbed text.
+Every detector maps the original text to spans (mlops.data.pii_structured and mlops.data.pii_ids for
+checksummed and library-parsed types, mlops.data.pii_context for cue-led ones). Overlapping spans are settled
+by a fixed precedence, most specific first (an API key before an email inside it, a card before a phone
+number), whatever the order of `data.pii.types`; then each kept span becomes its type's placeholder. `redact()` is the one way a rejected
+record's text may leave the pipeline: every detector, then a length bound.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from mlops.data import pii_context as ctx
+from mlops.data import pii_ids as ids
+from mlops.data import pii_structured as st
+from mlops.errors import ConfigError, did_you_mean
 from mlops.plugins import Registry
 
-EMAIL_RE = r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"
-SSN_RE = r"\b\d{3}-\d{2}-\d{4}\b"
-UK_NINO_RE = r"\b[A-CEGHJ-PR-TW-Z]{2} ?\d{2} ?\d{2} ?\d{2} ?[A-D]\b"
-IPV4_RE = r"\b(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\b"
-IPV6_CANDIDATE_RE = r"(?<![\w:])(?:[0-9A-Fa-f]{0,4}:){2,7}[0-9A-Fa-f]{0,4}(?![\w:])"
-CARD_CANDIDATE_RE = r"(?<!\d)(?:\d[ -]?){12,18}\d(?!\d)"
-PHONE_RE = (
-    r"(?<![\w+])(?<!\d[ .-])(?:\+\d{1,3}[ .-]?)?(?:\(\d{2,4}\)[ .-]?|\d{2,4}[ .-])\d{3,4}[ .-]\d{3,4}"
-    r"(?![\w-])(?![ .-]?\d)"
-    r"|(?<![\w+])\+\d{1,3}[ .-]?\d{2,4}[ .-]?\d{3,4}[ .-]?\d{3,4}(?![\w-])(?![ .-]?\d)"
-)
-
-# Checked again by the gate on scrubbed text; each must never match a placeholder.
-GATE_PATTERNS = {"email": EMAIL_RE, "national_id": SSN_RE, "ip_address": IPV4_RE}
-
-
-def luhn_ok(digits: str) -> bool:
-    total = 0
-    for i, ch in enumerate(reversed(digits)):
-        d = int(ch)
-        if i % 2 == 1:
-            d = d * 2 - 9 if d > 4 else d * 2
-        total += d
-    return total % 10 == 0
-
-
-def _is_card(match: str) -> bool:
-    digits = re.sub(r"\D", "", match)
-    return 13 <= len(digits) <= 19 and luhn_ok(digits)
-
-
-def _is_ipv6(match: str) -> bool:
-    try:
-        return ipaddress.ip_address(match).version == 6
-    except ValueError:
-        return False
+Span = tuple[int, int]
 
 
 @dataclass(frozen=True)
 class Detector:
     name: str
     placeholder: str
-    pattern: re.Pattern[str]
-    check: Callable[[str], bool] | None = None
+    find: Callable[[str], Iterable[Span]]
+    cued: bool = False  # found by the words around it, not by its own shape (recall goals differ)
 
 
 DETECTORS: Registry[Detector] = Registry("PII detector")
+# Precedence when spans overlap, most specific first.
 for _det in (
-    Detector("email", "[EMAIL]", re.compile(EMAIL_RE)),
-    Detector("credit_card", "[CREDIT_CARD]", re.compile(CARD_CANDIDATE_RE), _is_card),
-    Detector("national_id", "[NATIONAL_ID]", re.compile(f"{SSN_RE}|{UK_NINO_RE}")),
-    Detector("ip_address", "[IP_ADDRESS]", re.compile(f"{IPV4_RE}|{IPV6_CANDIDATE_RE}"),
-             lambda m: "." in m or _is_ipv6(m)),
-    Detector("phone", "[PHONE]", re.compile(PHONE_RE)),
+    Detector("api_key", "[API_KEY]", ids.find_api_key),
+    Detector("email", "[EMAIL]", st.find_email),
+    Detector("iban", "[IBAN]", st.find_iban),
+    Detector("credit_card", "[CREDIT_CARD]", st.find_card),
+    Detector("national_id", "[NATIONAL_ID]", ids.find_national_id),
+    Detector("ip_address", "[IP_ADDRESS]", st.find_ip),
+    Detector("date_of_birth", "[DATE_OF_BIRTH]", ctx.find_date_of_birth, cued=True),
+    Detector("password", "[PASSWORD]", ctx.find_password, cued=True),
+    Detector("phone", "[PHONE]", st.find_phone),
+    Detector("address", "[ADDRESS]", ctx.find_address, cued=True),
+    Detector("name", "[NAME]", ctx.find_name, cued=True),
 ):
     DETECTORS.add(_det.name, _det)
+PRECEDENCE = {name: rank for rank, name in enumerate(DETECTORS._items)}
+ALL_TYPES = list(PRECEDENCE)
+luhn_ok = st.luhn_ok
+
+
+def check_types(types: list[str], field: str = "data.pii.types") -> None:
+    """Fail with the field, the value and the choices before any work (a typo must not reach a worker)."""
+    for i, name in enumerate(types):
+        if name not in DETECTORS:
+            raise ConfigError(f"{field}[{i}] is '{name}', which is no PII detector: "
+                              f"{did_you_mean(name, DETECTORS.names())}. Fix: correct or remove it.")
+    duplicates = sorted({n for n in types if types.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"{field} lists {duplicates} more than once. Fix: name each detector once.")
 
 
 class Scrubber:
     """Replaces PII in text; `counts` accumulates replacements per type."""
 
     def __init__(self, types: list[str]) -> None:
-        self.detectors = [DETECTORS.get(name) for name in types]
+        check_types(types)
+        self.detectors = sorted((DETECTORS.get(name) for name in types), key=lambda d: PRECEDENCE[d.name])
         self.counts: Counter[str] = Counter()
 
+    def spans(self, text: str) -> list[tuple[int, int, Detector]]:
+        """Non-overlapping (start, end, detector), in text order; earlier detectors win, then longer spans."""
+        found = [(s, e, det) for det in self.detectors for s, e in det.find(text) if e > s]
+        found.sort(key=lambda x: (PRECEDENCE[x[2].name], x[0] - x[1], x[0]))
+        taken: list[tuple[int, int, Detector]] = []
+        for s, e, det in found:
+            if all(e <= ts or s >= te for ts, te, _ in taken):
+                taken.append((s, e, det))
+        return sorted(taken, key=lambda x: x[0])
+
     def scrub(self, text: str) -> str:
-        for det in self.detectors:
-            text = self._apply(det, text)
-        return text
-
-    def _apply(self, det: Detector, text: str) -> str:
-        if det.name == "email" and "@" not in text:
-            return text  # the cheap test skips most texts
-
-        def replace(m: re.Match[str]) -> str:
-            if det.check is not None and not det.check(m.group(0)):
-                return m.group(0)
+        if not text or not self.detectors:
+            return text
+        out, pos = [], 0
+        for s, e, det in self.spans(text):
+            out += [text[pos:s], det.placeholder]
+            pos = e
             self.counts[det.name] += 1
-            return det.placeholder
-
-        return det.pattern.sub(replace, text)
+        out.append(text[pos:])
+        return "".join(out)
 
     def find(self, text: str) -> list[tuple[str, str]]:
-        """(type, match) pairs still present in `text`: what the scrubber would replace."""
-        found = []
-        for det in self.detectors:
-            found += [(det.name, m.group(0)) for m in det.pattern.finditer(text)
-                      if det.check is None or det.check(m.group(0))]
-        return found
+        """(type, match) pairs present in `text`: what the scrubber would replace."""
+        return [(det.name, text[s:e]) for s, e, det in self.spans(text)]
+
+
+_REDACTOR: list[Scrubber] = []
+
+
+def redact(text: str, limit: int = 200) -> str:
+    """A bounded excerpt with every PII type replaced: the only form in which text of a rejected record is kept
+    in quarantine files, manifests, logs or tracking."""
+    if not _REDACTOR:
+        _REDACTOR.append(Scrubber(ALL_TYPES))
+    head = text[: limit * 2]  # scrub more than is kept, and cut at a space: no value is kept half-seen
+    if len(text) > len(head):
+        cut = max(head.rfind(" "), head.rfind("\n"))
+        head = head[:cut] if cut > 0 else head[:limit]
+    clean = _REDACTOR[0].scrub(head)
+    if len(clean) > limit or len(text) > len(head):
+        return clean[:limit] + f" …[{len(text):,} chars]"
+    return clean

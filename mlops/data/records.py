@@ -1,9 +1,11 @@
 """Sources to records: JSONL, Parquet and CSV files in chat, instruction or plain-text shape.
 
 Every row becomes one `Record` (stable content id, source, line, capability domain, chat-form messages) or
-one `Issue` that names the file, line, field and problem. The caller decides by policy whether an issue
-stops the build. A source that changes while it is read always stops the build: a snapshot describes
-exactly the bytes it read.
+one `Issue` that names the file, line, field, problem and a reason code, with a PII-redacted excerpt of the
+row. Problems are `RecordError` subclasses; the reason code is the class's, never parsed from a message, and
+no message quotes a value from the row. The caller decides by policy whether an issue stops the build. A
+file that cannot be read on (a truncated Parquet file) ends that source with an issue. A source that changes
+while it is read always stops the build: a snapshot describes exactly the bytes it read.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import re
+import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,6 +32,56 @@ class BadInputError(MLOpsError):
 
 class SourceChangedError(BadInputError):
     """A source file changed while it was being read."""
+
+
+class RecordError(BadInputError):
+    """One row is not a record. `code` is the reason counter (`bad_input.<code>`); `fix` says what to do."""
+
+    code = "invalid_record"
+
+    def __init__(self, problem: str, fix: str, field: str = "") -> None:
+        super().__init__(problem)
+        self.problem, self.fix, self.field = problem, fix, field
+
+
+class NotUTF8(RecordError):
+    code = "not_utf8"
+
+
+class MalformedJSON(RecordError):
+    code = "malformed_json"
+
+
+class MalformedCSV(RecordError):
+    code = "malformed_csv"
+
+
+class UnreadableFile(RecordError):
+    code = "unreadable_file"
+
+
+class UnknownShape(RecordError):
+    code = "unknown_shape"
+
+
+class MissingField(RecordError):
+    code = "missing_field"
+
+
+class WrongType(RecordError):
+    code = "wrong_type"
+
+
+class UnknownRole(RecordError):
+    code = "unknown_role"
+
+
+class RoleOrder(RecordError):
+    code = "role_order"
+
+
+class EmptySource(RecordError):
+    code = "empty_source"
 
 
 @dataclass(slots=True)
@@ -58,6 +112,15 @@ class Issue:
     field: str
     problem: str
     fix: str
+    code: str = "invalid_record"
+    excerpt: str = ""  # the row, PII-redacted and bounded
+
+    @classmethod
+    def of(cls, err: RecordError, file: str, line: int, raw: Any = None) -> Issue:
+        from mlops.data.pii import redact
+
+        excerpt = "" if raw is None else redact(raw if isinstance(raw, str) else _short_json(raw), EXCERPT_CHARS)
+        return cls(file, line, err.field, err.problem, err.fix, type(err).code, excerpt)
 
     def message(self) -> str:
         field = f", field '{self.field}'" if self.field else ""
@@ -65,6 +128,16 @@ class Issue:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+EXCERPT_CHARS = 200
+
+
+def _short_json(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)[: EXCERPT_CHARS * 2]
+    except (TypeError, ValueError):
+        return type(value).__name__
 
 
 def record_id(kind: str, messages: list[dict[str, str]]) -> str:
@@ -89,70 +162,96 @@ def source_format(path: Path, declared: str) -> str:
     )
 
 
+def _role_order(messages: list[dict[str, str]]) -> None:
+    """System turns first, then a user turn: a chat that opens with the assistant has nothing it answers."""
+    roles = [m["role"] for m in messages]
+    first = next((i for i, r in enumerate(roles) if r != "system"), None)
+    if first is not None and roles[first] != "user":
+        raise RoleOrder(f"the conversation starts with a{'n' if roles[first][0] in 'aeiou' else ''} {roles[first]} "
+                        f"turn (messages[{first}]) instead of a user turn", "start every conversation with a user "
+                        "turn, after any system turns", f"messages[{first}].role")
+    late = next((i for i, r in enumerate(roles) if r == "system" and first is not None and i > first), None)
+    if late is not None:
+        raise RoleOrder(f"a system turn (messages[{late}]) follows the conversation's first user turn",
+                        "put system turns before the first user turn", f"messages[{late}].role")
+
+
 # --------------------------------------------------------------------------- shapes
 
 
-def _text(row: dict, field: str, where: tuple[str, int], optional: bool = False) -> str | Issue:
+def _text(row: dict, field: str, optional: bool = False) -> str:
     value = row.get(field)
     if value is None or (optional and value == ""):
         if optional:
             return ""
-        return Issue(*where, field, f"missing field '{field}'", f"give every record a '{field}' string")
+        raise MissingField(f"missing field '{field}'", f"give every record a '{field}' string", field)
     if not isinstance(value, str):
-        return Issue(*where, field, f"'{field}' is {type(value).__name__} {str(value)[:40]!r}, not a string",
-                     f"write '{field}' as a string")
+        raise WrongType(f"'{field}' is {_a(value)}, not a string", f"write '{field}' as a string", field)
     return value
 
 
-def normalise(row: Any, where: tuple[str, int]) -> tuple[str, list[dict[str, str]]] | Issue:
-    """(kind, messages) for one raw row, or the Issue that explains why it is not a record."""
+# Role names other datasets use: safe to quote. Any other value might be a name or an address: not quoted.
+COMMON_ROLES = {"bot", "human", "gpt", "model", "ai", "agent", "customer", "client", "tool", "function", "ipython",
+                "developer", "operator", "support", "assistant_", "sys", "usr", "prompter", "chatbot", "response"}
+
+
+def _field_name(key: str) -> str:
+    """A key as it may be quoted in a problem: a plain identifier, else only its length (keys can hold data)."""
+    return key if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_\-]{0,29}", key) else f"<{len(key)} chars>"
+
+
+def _a(value: Any) -> str:
+    """'an int', 'a list': the type of a value, never the value (it may hold personal data)."""
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def normalise(row: Any) -> tuple[str, list[dict[str, str]]]:
+    """(kind, messages) for one raw row; raises the RecordError that explains why it is not a record."""
     if not isinstance(row, dict):
-        return Issue(*where, "", f"a record must be a JSON object, got {type(row).__name__}",
-                     "write one JSON object per line")
+        raise WrongType(f"a record must be a JSON object, got {_a(row)}", "write one JSON object per line")
     if "messages" in row:
-        return _chat(row["messages"], where)
+        messages = _chat(row["messages"])
+        _role_order(messages)
+        return "chat", messages
     if "instruction" in row or "output" in row:
-        parts = [_text(row, "instruction", where), _text(row, "input", where, optional=True),
-                 _text(row, "output", where)]
-        bad = next((p for p in parts if isinstance(p, Issue)), None)
-        if bad:
-            return bad
-        instruction, extra, output = parts
+        instruction, extra, output = _text(row, "instruction"), _text(row, "input", True), _text(row, "output")
         prompt = f"{instruction}\n\n{extra}" if extra.strip() else instruction
         return "instruction", [{"role": "user", "content": prompt}, {"role": "assistant", "content": output}]
     if "text" in row:
-        text = _text(row, "text", where)
-        return text if isinstance(text, Issue) else ("text", [{"role": "text", "content": text}])
-    keys = ", ".join(sorted(map(str, row))[:8]) or "(none)"
-    return Issue(*where, "", f"unknown record shape with keys [{keys}]",
-                 "use `messages` (chat), `instruction`/`input`/`output` (instruction) or `text` (pretraining)")
+        return "text", [{"role": "text", "content": _text(row, "text")}]
+    keys = ", ".join(_field_name(k) for k in sorted(map(str, row))[:8]) or "(none)"
+    raise UnknownShape(f"unknown record shape with keys [{keys}]", "use `messages` (chat), `instruction`/`input`/"
+                       "`output` (instruction) or `text` (pretraining)")
 
 
-def _chat(messages: Any, where: tuple[str, int]) -> tuple[str, list[dict[str, str]]] | Issue:
+def _chat(messages: Any) -> list[dict[str, str]]:
     if isinstance(messages, str):
         try:
             messages = json.loads(messages)  # CSV cells hold the list as JSON
         except ValueError:
-            return Issue(*where, "messages", "'messages' is a string that is not a JSON list",
-                         "write messages as a list of {role, content} objects")
+            raise MalformedJSON("'messages' is a string that is not a JSON list",
+                                "write messages as a list of {role, content} objects", "messages") from None
     if not isinstance(messages, list) or not messages:
-        return Issue(*where, "messages", f"'messages' must be a non-empty list, got {str(messages)[:40]!r}",
-                     "write messages as a list of {role, content} objects")
+        got = "an empty list" if isinstance(messages, list) else _a(messages)
+        raise WrongType(f"'messages' must be a non-empty list, got {got}",
+                        "write messages as a list of {role, content} objects", "messages")
     out = []
     for i, msg in enumerate(messages):
         field = f"messages[{i}]"
         if not isinstance(msg, dict):
-            return Issue(*where, field, "a message must be an object", "write {\"role\": ..., \"content\": ...}")
+            raise WrongType("a message must be an object", "write {\"role\": ..., \"content\": ...}", field)
         role, content = msg.get("role"), msg.get("content")
         if role not in ROLES:
-            return Issue(*where, f"{field}.role", f"unknown role {role!r}", f"use one of {', '.join(ROLES)}")
+            shown = repr(role) if role is None or str(role).lower() in COMMON_ROLES else _a(role)
+            raise UnknownRole(f"unknown role {shown}", f"use one of {', '.join(ROLES)}", f"{field}.role")
         if content is None:
-            return Issue(*where, f"{field}.content", "missing field 'content'", "give every message a content string")
+            raise MissingField("missing field 'content'", "give every message a content string", f"{field}.content")
         if not isinstance(content, str):
-            return Issue(*where, f"{field}.content", f"content is {type(content).__name__}, not a string",
-                         "write content as a string")
+            raise WrongType(f"content is {_a(content)}, not a string", "write content as a string",
+                            f"{field}.content")
         out.append({"role": role, "content": content})
-    return "chat", out
+    return out
 
 
 def _domain(row: Any, default: str) -> str:
@@ -163,26 +262,78 @@ def _domain(row: Any, default: str) -> str:
 # --------------------------------------------------------------------------- readers
 
 
-def _jsonl_rows(path: Path, name: str, digest) -> Iterator[tuple[int, Any]]:
+# A reader yields (line, row, raw): row is a raw row or the RecordError that stopped it; raw is the row as read,
+# for a redacted excerpt.
+Row = tuple[int, Any, Any]
+
+
+def _not_utf8(raw: bytes, err: UnicodeDecodeError) -> NotUTF8:
+    return NotUTF8(f"not UTF-8: byte 0x{raw[err.start]:02x} at column {err.start + 1}", "re-encode the file as UTF-8")
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+def _json_array_rows(path: Path, digest) -> Iterator[Row] | None:
+    """A `.json` file holding one array of records (not JSON Lines): its elements, numbered from 1."""
+    if path.suffix.lower() != ".json":
+        return None
+    with path.open("rb") as fh:
+        head = fh.read(4096).removeprefix(BOM).lstrip()
+    if not head.startswith(b"["):
+        return None
+
+    def rows() -> Iterator[Row]:
+        data = path.read_bytes()
+        digest.update(data)
+        try:
+            items = json.loads(data.removeprefix(BOM).decode("utf-8"))
+        except UnicodeDecodeError as err:
+            yield 1, _not_utf8(data, err), ""
+            return
+        except (json.JSONDecodeError, RecursionError) as err:
+            where = f" at line {err.lineno}, column {err.colno}" if isinstance(err, json.JSONDecodeError) else ""
+            yield 1, MalformedJSON(f"malformed JSON array{where}", "write valid JSON, or one object per line"), ""
+            return
+        for number, item in enumerate(items, start=1):
+            yield number, item, item
+
+    return rows()
+
+
+def _jsonl_rows(path: Path, digest) -> Iterator[Row]:
+    array = _json_array_rows(path, digest)
+    if array is not None:
+        yield from array
+        return
     with path.open("rb") as fh:
         for number, raw in enumerate(fh, start=1):
             digest.update(raw)
+            if number == 1:
+                raw = raw.removeprefix(BOM)  # files saved by Excel or Notepad start with one
             if not raw.strip():
                 continue
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as err:
-                yield number, Issue(name, number, "", f"not UTF-8: byte 0x{raw[err.start]:02x} at column {err.start + 1}",
-                                    "re-encode the file as UTF-8")
+                yield number, _not_utf8(raw, err), raw.decode("utf-8", "replace")
                 continue
             try:
-                yield number, json.loads(text)
-            except ValueError as err:
-                yield number, Issue(name, number, "", f"malformed JSON: {err}", "write one valid JSON object per line")
+                yield number, json.loads(text), text
+            except json.JSONDecodeError as err:
+                yield number, MalformedJSON(f"malformed JSON: {err.msg} at column {err.colno}",
+                                            "write one valid JSON object per line"), text
+            except RecursionError:
+                yield number, MalformedJSON("malformed JSON: nested too deeply", "write one JSON object per line"), ""
 
 
-def _csv_rows(path: Path, name: str, digest) -> Iterator[tuple[int, Any]]:
-    state = {"line": 0}
+# csv's own field limit (128 KiB) would abort the file at the first long cell. Cells are read up to this bound;
+# a long record is then rejected by the length filter with a bounded excerpt, like any other.
+CSV_FIELD_LIMIT = 256 * 1024 * 1024
+
+
+def _csv_rows(path: Path, digest) -> Iterator[Row]:
+    state: dict[str, Any] = {"line": 0}
 
     def lines() -> Iterator[str]:
         with path.open("rb") as fh:
@@ -190,30 +341,58 @@ def _csv_rows(path: Path, name: str, digest) -> Iterator[tuple[int, Any]]:
                 digest.update(raw)
                 state["line"] = number
                 try:
-                    yield raw.decode("utf-8")
+                    yield (raw.removeprefix(BOM) if number == 1 else raw).decode("utf-8")
                 except UnicodeDecodeError as err:
-                    state["bad"] = Issue(name, number, "", f"not UTF-8: byte 0x{raw[err.start]:02x} at column "
-                                         f"{err.start + 1}", "re-encode the file as UTF-8")
+                    state["bad"] = (number, _not_utf8(raw, err), raw.decode("utf-8", "replace"))
                     yield ""
 
-    reader = csv.DictReader(lines())
-    for row in reader:
-        bad = state.pop("bad", None)
-        if bad:
-            yield bad.line, bad
-            continue
-        yield state["line"], {k: v for k, v in row.items() if k is not None and v not in (None, "")}
+    previous = csv.field_size_limit(min(CSV_FIELD_LIMIT, sys.maxsize))
+    try:
+        reader = csv.DictReader(lines(), delimiter=_delimiter(path))
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as err:
+                state.pop("bad", None)
+                yield state["line"], MalformedCSV(f"malformed CSV: {err}", "quote fields that hold commas, "
+                                                  "quotes or line breaks"), ""
+                continue
+            bad = state.pop("bad", None)
+            if bad:
+                yield bad
+                continue
+            yield state["line"], {k: v for k, v in row.items() if k is not None and v not in (None, "")}, row
+    finally:
+        csv.field_size_limit(previous)
 
 
-def _parquet_rows(path: Path, name: str, digest) -> Iterator[tuple[int, Any]]:
+def _delimiter(path: Path) -> str:
+    """Tab for .tsv; otherwise whichever of , ; tab | the header line uses most (European exports use ;)."""
+    if path.suffix.lower() == ".tsv":
+        return "\t"
+    with path.open("rb") as fh:
+        header = fh.readline().decode("utf-8", "replace")
+    return max(",;\t|", key=lambda d: (header.count(d), d == ","))
+
+
+def _parquet_rows(path: Path, digest) -> Iterator[Row]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     digest.update(path.read_bytes())
     number = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
-        for row in batch.to_pylist():
-            number += 1
-            yield number, {k: v for k, v in row.items() if v is not None}
+    try:
+        batches = pq.ParquetFile(path).iter_batches(batch_size=1024)
+        for batch in batches:
+            for row in batch.to_pylist():
+                number += 1
+                yield number, {k: v for k, v in row.items() if v is not None}, row
+    except (pa.ArrowException, OSError) as err:
+        # The rest of the file cannot be reached: one issue names where reading stopped, the rows before it stay.
+        yield number + 1, UnreadableFile(f"the Parquet file cannot be read past row {number} "
+                                         f"({type(err).__name__})", "rewrite the file; it is truncated or corrupt"), ""
 
 
 READERS = {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}
@@ -226,18 +405,17 @@ def read_source(path: Path, name: str, fmt: str, domain: str, expected_sha256: s
     digest = hashlib.sha256()
     rows = 0
     last = 0
-    for number, row in READERS[fmt](path, name, digest):
+    for number, row, raw in READERS[fmt](path, digest):
         last = number
-        if isinstance(row, Issue):
-            yield row
+        if isinstance(row, RecordError):
+            yield Issue.of(row, name, number, raw)
             continue
         rows += 1
-        where = (name, number)
-        shaped = normalise(row, where)
-        if isinstance(shaped, Issue):
-            yield shaped
+        try:
+            kind, messages = normalise(row)
+        except RecordError as err:
+            yield Issue.of(err, name, number, raw)
             continue
-        kind, messages = shaped
         yield Record(record_id(kind, messages), name, number, _domain(row, domain), kind, messages)
     after = path.stat() if path.exists() else None
     changed = after is None or (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns)
@@ -247,5 +425,6 @@ def read_source(path: Path, name: str, fmt: str, domain: str, expected_sha256: s
             f"{expected_sha256[:12]} before reading). Fix: do not write to a source during a build; copy it "
             "to a stable location and build again."
         )
-    if rows == 0:
-        yield Issue(name, 0, "", "the source is empty (no records)", "remove it from data.sources or fill it")
+    if rows == 0 and last == 0:
+        yield Issue.of(EmptySource("the source is empty (no records)", "remove it from data.sources or fill it"),
+                       name, 0)

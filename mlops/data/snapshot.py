@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlops.data.format import data_files, file_sha256, read_manifest
+from mlops.data.format import read_manifest, verify_files
 from mlops.errors import MLOpsError, NotFoundError, did_you_mean
 
 
@@ -62,19 +62,13 @@ def verify_snapshot(snapshot_id_or_path: str | Path, root: Path | None = None) -
     manifest = read_manifest(folder)
     if manifest is None:
         raise MLOpsError(f"'{folder}' has no complete manifest. Fix: rebuild the snapshot.")
-    expected: dict[str, str] = manifest.get("files", {})
-    present = {p.relative_to(folder).as_posix(): p for p in data_files(folder)}
-    problems = []
-    for name, digest in sorted(expected.items()):
-        path = present.get(name)
-        if path is None:
-            problems.append(f"'{name}' is missing")
-        elif file_sha256(path) != digest:
-            problems.append(f"'{name}' changed (sha256 differs from the manifest)")
-    problems += [f"'{name}' is not in the manifest" for name in sorted(set(present) - set(expected))]
+    problems = verify_files(folder, manifest)
     if problems:
+        sid = manifest["snapshot_id"]
         raise MLOpsError(
-            f"snapshot {manifest['snapshot_id']} at {folder} failed verification: {'; '.join(problems)}. "
-            "Fix: a snapshot is immutable; rebuild it from its config instead of editing its files."
+            f"snapshot {sid} at {folder} failed verification: {'; '.join(problems)}. Fix: a snapshot is immutable; "
+            f"rebuild it in place with `mlops data rebuild {sid}` (it rebuilds from the config recorded in its "
+            "manifest and replaces the damaged folder), or `mlops data build --config <yaml> --force`."
         )
-    return {"snapshot_id": manifest["snapshot_id"], "path": str(folder), "files": len(expected), "ok": True}
+    return {"snapshot_id": manifest["snapshot_id"], "path": str(folder), "files": len(manifest.get("files", {})),
+            "ok": True}

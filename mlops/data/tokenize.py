@@ -20,6 +20,10 @@ from mlops.errors import MLOpsError
 _STATE: dict = {}
 
 
+class TemplateFailure(MLOpsError):
+    """The chat template cannot render this record (or not prefix by prefix): the record is set aside alone."""
+
+
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -70,7 +74,14 @@ class ChatTokenizer:
             )
 
     def _render(self, messages: list[dict], generation: bool = False) -> str:
-        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+        from jinja2 import TemplateError
+
+        if not messages:
+            return ""  # an empty prefix renders as nothing; templates raise on it
+        try:
+            return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+        except (TemplateError, ValueError, TypeError, KeyError, IndexError) as err:
+            raise TemplateFailure(f"the chat template cannot render this conversation ({type(err).__name__})") from None
 
     def spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
         full = self._render(messages)
@@ -78,10 +89,10 @@ class ChatTokenizer:
         for i, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            before = self._render(messages[:i], generation=True) if i else self._render([], generation=True)
+            before = self._render(messages[:i], generation=True)
             through = self._render(messages[: i + 1])
             if not through.startswith(before) or not full.startswith(through):
-                raise MLOpsError(
+                raise TemplateFailure(
                     "the chat template is not prefix-stable (rendering a conversation prefix does not yield a "
                     "prefix of the whole), so assistant tokens cannot be located. Fix: use a ChatML-style "
                     "template such as the one of the tiny or smollm2 base models."
@@ -116,6 +127,6 @@ def preload(model_path: str) -> None:
     init_worker(model_path)
 
 
-def tokenize_chunk(records: list[Record]) -> list[tuple[np.ndarray, np.ndarray]]:
-    tok: ChatTokenizer = _STATE["tok"]
-    return [tok.encode(r) for r in records]
+def tokenizer() -> ChatTokenizer:
+    """This process's tokenizer (init_worker or preload first)."""
+    return _STATE["tok"]

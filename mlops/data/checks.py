@@ -1,0 +1,103 @@
+"""Per-record checks after tokenization, then the batch's Great Expectations run: one batch task in a worker.
+
+Each record of a batch is tokenized and checked on its own: a template that cannot render it, more tokens
+than `seq_len` (dropped, or truncated by `data.overlong`), fewer than `gate.min_tokens`, or no assistant
+token left to train on sets aside that record alone, with its reason and a redacted excerpt. Only the
+records that pass form the frame the suite validates, so one overlong record never costs its batch; the suite
+looks at what only a batch shows (duplicate share, domain shares, mean loss share, truncated share).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mlops.data.gate import GateParams, GateResult, share_deviation, validate_batch
+from mlops.data.quarantine import excerpt
+from mlops.data.tokenize import TemplateFailure, tokenizer
+
+
+@dataclass(frozen=True)
+class RecordPolicy:
+    seq_len: int
+    min_tokens: int
+    overlong: str  # drop | truncate
+    excerpt_chars: int
+
+
+@dataclass
+class Checked:
+    position: int  # in the batch's rows
+    ids: np.ndarray | None = None
+    mask: np.ndarray | None = None
+    truncated: bool = False
+    reason: str = ""  # "" = passed
+    detail: dict | None = None
+    excerpt: list[dict] | None = None
+
+
+BatchTask = tuple[list[dict], tuple[str, GateParams, dict, RecordPolicy]]
+
+
+def check_record(position: int, record, policy: RecordPolicy) -> Checked:
+    try:
+        ids, mask = tokenizer().encode(record)
+    except TemplateFailure as err:
+        return _reject(position, record, "template_error", {"error": str(err)}, policy)
+    except Exception as err:  # noqa: BLE001 - a record the tokenizer chokes on costs itself, not its batch
+        return _reject(position, record, "tokenize_error", {"error": type(err).__name__}, policy)
+    n = len(ids)
+    truncated = False
+    if n > policy.seq_len:
+        if policy.overlong == "drop":
+            return _reject(position, record, "too_many_tokens", {"n_tokens": n, "seq_len": policy.seq_len}, policy)
+        ids, mask, truncated = ids[: policy.seq_len], mask[: policy.seq_len], True
+    if len(ids) < policy.min_tokens:
+        return _reject(position, record, "too_few_tokens", {"n_tokens": len(ids), "min_tokens": policy.min_tokens},
+                       policy)
+    if not mask.any():
+        reason = "no_loss_tokens_after_truncation" if truncated else "no_loss_tokens"
+        return _reject(position, record, reason, {"n_tokens": n}, policy)
+    return Checked(position, ids, mask, truncated)
+
+
+def _reject(position: int, record, reason: str, detail: dict, policy: RecordPolicy) -> Checked:
+    try:
+        cut = excerpt(record.messages, policy.excerpt_chars)
+    except Exception:  # noqa: BLE001 - the redactor failed on it: keep no text at all
+        cut = excerpt(record.messages, 0)
+    return Checked(position, reason=reason, detail=detail, excerpt=cut)
+
+
+def batch_frame(rows: list[dict], checked: list[Checked], targets: dict[str, float]):
+    """The frame the gate validates: one row per record that passed its own checks (gate.COLUMNS)."""
+    import pandas as pd
+
+    records = [rows[c.position]["record"] for c in checked]
+    domains = [r.domain for r in records]
+    return pd.DataFrame({
+        "record_id": [r.record_id for r in records],
+        "source": [r.source for r in records],
+        "line": [r.line for r in records],
+        "domain": domains,
+        "kind": [r.kind for r in records],
+        "text_chars": [sum(len(m["content"]) for m in r.messages) for r in records],
+        "text_hash": [f"{rows[c.position]['exact']:016x}" for c in checked],
+        "n_tokens": [len(c.ids) for c in checked],
+        "loss_tokens": [int(c.mask.sum()) for c in checked],
+        "loss_share": [float(c.mask.mean()) for c in checked],
+        "truncated": [int(c.truncated) for c in checked],
+        "domain_share_dev": share_deviation(domains, targets),
+    })
+
+
+def check_batch(task: BatchTask) -> tuple[list[Checked], list[Checked], GateResult | None]:
+    """(passed, rejected, suite result) for one batch; no result when no record passed."""
+    rows, (suite, params, targets, policy) = task
+    results = [check_record(i, row["record"], policy) for i, row in enumerate(rows)]
+    passed = [c for c in results if not c.reason]
+    rejected = [c for c in results if c.reason]
+    if not passed:
+        return passed, rejected, None
+    return passed, rejected, validate_batch(suite, params, batch_frame(rows, passed, targets))

@@ -1,0 +1,284 @@
+"""Finders for context-cued PII: passwords, personal names, street addresses and dates of birth.
+
+No named-entity model can be installed here, so these types are found where people announce them: "my
+password is ...", "my name is ...", "I live at ...", "date of birth: ...", greetings and sign-offs, plus street
+shapes that are addresses on their own (a house number, a street name and a street word: "221B Baker Street",
+"Hauptstraße 5", "12 rue de la Paix"). Each finder maps a text to the (start, end) spans it claims; the cue
+itself stays readable ("my password is [PASSWORD]").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+Span = tuple[int, int]
+TRAILING = ".,;:!?)]}\"'`”’»"
+PLACEHOLDER = re.compile(r"\[[A-Z_]+\]")
+DIGIT = re.compile(r"\d")
+
+# --------------------------------------------------------------------------- passwords
+
+PASSWORD_RE = re.compile(
+    r"\b(?:password|passwort|passwd|passphrase|passcode|pass\s?code|pass\s?word|pwd|pw|kennwort|mot de passe|"
+    r"contraseña|contrasena|senha|wifi key|wi-fi key|wpa key|network key|pin(?:\s?code|\s?number)?)"
+    r"(?:\s+(?:for|on|of)\s+(?:the\s+|my\s+|our\s+|your\s+)?[\w.-]+(?:\s+[\w.-]+)?)?"
+    r"(?P<link>['’]s|\s+(?:is|was|will\s+be|should\s+be|would\s+be|is\s+now|is\s+still|=|:|-|set\s+to|changed\s+to|"
+    r"reset\s+to|to|as|ist|est|es|é)|\s*[:=])\s*"
+    r"(?:(?P<q>[\"'“‘«`])(?P<quoted>[^\"'”’»`\n]{1,80})[\"'”’»`]|(?P<bare>\S{2,80}))",
+    re.IGNORECASE,
+)
+# "login bob, password hunter2": no linking word, so only a value that does not read as a word.
+BARE_PASSWORD_RE = re.compile(r"\b(?:password|passwd|pwd|pw|passcode|pass)\s+(?P<bare>\S{4,80})", re.IGNORECASE)
+CONTRACTION = re.compile(r"[A-Za-z]+['’][A-Za-z]{1,2}")  # "doesn't", "won't", "it's": a sentence goes on
+# Words that follow "my password is" in sentences that give no password away.
+NOT_A_PASSWORD = set("""
+not wrong incorrect correct right invalid expired locked blocked working broken reset changed required needed the a an
+my your our their too very still same different weak strong long short case fine ok okay saved stored forgotten
+lost missing empty blank accepted rejected being no yes new old and or but that this it in on at of for to with
+please also just already never always definitely probably somehow apparently now currently again here there what
+which who how why when where whatever something nothing unknown different sent emailed written shown case-sensitive
+manager field protected change recovery hint policy requirements rules strength prompt box screen page link
+""".split())
+
+
+PASSWORD_WORDS = ("pass", "pwd", "pw", "pin", "kennwort", "contrase", "senha", "key")
+
+
+def find_password(text: str) -> Iterator[Span]:
+    low = text.lower()
+    if not any(w in low for w in PASSWORD_WORDS):
+        return
+    for m in (*PASSWORD_RE.finditer(text), *BARE_PASSWORD_RE.finditer(text)):
+        if PLACEHOLDER.match(text, m.start(m.lastgroup)):
+            continue  # already scrubbed: "my password is [PASSWORD]"
+        if "quoted" in m.groupdict() and m.group("quoted") is not None:
+            yield m.span("quoted")
+            continue
+        value = m.group("bare").rstrip(TRAILING)
+        start = m.start("bare")
+        if len(value) < 2 or value.lower() in NOT_A_PASSWORD:
+            continue
+        if "link" not in m.groupdict() and (value.isalpha() or len(value) < 4 or CONTRACTION.fullmatch(value)):
+            continue
+        is_pin = m.group(0).lower().lstrip().startswith("pin")
+        if is_pin and not re.fullmatch(r"\d{3,8}", value):
+            continue
+        yield start, start + len(value)
+
+
+# --------------------------------------------------------------------------- names
+
+NAME_WORD = re.compile(r"[^\W\d_][\w'’\-]*")
+GAP = re.compile(r"\.?[ \t]+")
+PARTICLE = re.compile(r"van|von|de|der|den|del|della|da|di|du|la|le|bin|ibn|al|el|dos|das|ter|zu")
+STRONG_NAME_CUE = re.compile(
+    r"(?:\bmy\s+(?:full\s+|first\s+|last\s+|legal\s+|real\s+|sur)?name\s*(?:is|'s|’s|:)|"
+    r"\b(?:full\s+|first\s+|last\s+|customer\s+|account\s+holder'?s?\s+|cardholder'?s?\s+|legal\s+|sur)?name\s*[:=]|"
+    r"\b(?:i\s+am|i'm|i’m)\s+called|\bcall\s+me|\bname\s+on\s+the\s+(?:account|card|booking|order|lease)\s+is|"
+    r"\b(?:account|card)\s*holder\s*(?:is|:)|\b(?:in|under)\s+the\s+name\s+(?:of\s+)?|"
+    r"\bje\s+m['’]appelle|\bmon\s+nom\s+est|\bich\s+hei(?:ß|ss)e|\bmein\s+name\s+ist|\bme\s+llamo|"
+    r"\bmi\s+nombre\s+es|\bmi\s+chiamo|\bmeu\s+nome\s+é|\bменя\s+зовут|\bmijn\s+naam\s+is)[ \t]*",
+    re.IGNORECASE,
+)
+# "Hi Sarah," names someone; "Hi, Skip the check" does not: no comma between a greeting and a name.
+GREETING_CUE = re.compile(r"(?:(?:^|(?<=[\n.!?,]))[ \t]*(?:hi|hello|hey|good\s+(?:morning|afternoon|evening))|\bdear)"
+                          r"[ \t]+", re.IGNORECASE)
+INTRO_CUE = re.compile(r"\b(?:this\s+is|it's|it’s|i\s+am|i'm|i’m|here\s+is|speaking\s+with)[ \t]+", re.IGNORECASE)
+HONORIFIC_CUE = re.compile(r"\b(?:Mr|MR|Mrs|MRS|Ms|MS|Miss|Mx|Dr|DR|Prof|Herr|Frau|Mme|Madame|Monsieur|Sr|Sra|Señor|Señora)"
+                           r"\.?[ \t]+")
+SIGNOFF_CUE = re.compile(r"\b(?:regards|best\s+regards|kind\s+regards|warm\s+regards|sincerely|cheers|thanks|"
+                         r"thank\s+you|many\s+thanks|best|yours|signed|merci|danke|gracias)[ \t]*,?[ \t]*\n?[ \t]*-?[ \t]*",
+                         re.IGNORECASE)
+CJK_NAME_RE = re.compile(r"(?:我叫|我的名字是|我的名字叫|私の名前は|제\s?이름은)\s*([\u4e00-\u9fff\u3040-\u30ff\uac00-\ud7af]{2,4})")
+# Words after a cue that are not names ("Hi there", "I'm Sorry", "my name is not on the account").
+NOT_A_NAME = set("""
+there again all everyone everybody team support folks guys friends sir madam sorry not happy glad here still having
+trying just also going calling writing contacting reaching looking wondering hoping back new sure afraid unable
+unsure so very really a an the i thanks thank please yes no ok okay hello hi hey dear good great fine well
+customer service agent admin user monday tuesday wednesday thursday friday saturday sunday january february march
+april may june july august september october november december morning afternoon evening night today tomorrow
+in on at from with about regarding re fwd fw following confused frustrated disappointed upset worried
+interested waiting stuck done ready able available away home out sick tired busy online offline and or but
+is was are were be been has have had will would can could should spelled misspelled listed shown wrong missing
+incorrect different changed correct right same still your my our their his her its this that these those for to of
+by as if when what which who how why where you we they he she it me us them one someone somebody nobody anyone
+give skip tell show send help can could would write rewrite explain summarise summarize list reply answer describe
+ignore pretend act make let find check cancel update reset change open close account plan billing order
+""".split())
+
+
+def _name_span(text: str, start: int, strong: bool) -> Span | None:
+    """The name that starts at `start`: up to four words, particles inside ("Ludwig van Beethoven"); lower-case
+    words only right after a strong cue ("my name is john smith")."""
+    pos, end, words = start, None, 0
+    while words < 4:
+        m = NAME_WORD.match(text, pos)
+        if m is None:
+            break
+        word = m.group(0)
+        low = word.lower()
+        if words and PARTICLE.fullmatch(low):
+            gap = GAP.match(text, m.end())
+            if gap and NAME_WORD.match(text, gap.end()) and text[gap.end()].isupper():
+                pos = gap.end()
+                continue
+            break
+        if low in NOT_A_NAME or (not word[0].isupper() and not strong) or len(word) < 2:
+            break
+        end, words = m.end(), words + 1
+        gap = GAP.match(text, end)
+        if gap is None:
+            break
+        pos = gap.end()
+    if end is None:
+        return None
+    while end > start and text[end - 1] in TRAILING:
+        end -= 1
+    return start, end
+
+
+STRONG_WORDS = ("name", "call", "appelle", "nom ", "hei", "llamo", "nombre", "chiamo", "nome", "зовут", "naam", "holder")
+CUES = (("strong", STRONG_NAME_CUE), ("greeting", GREETING_CUE), ("intro", INTRO_CUE), ("honorific", HONORIFIC_CUE),
+        ("signoff", SIGNOFF_CUE))
+
+
+def find_name(text: str) -> Iterator[Span]:
+    low = text.lower()
+    strong_words = any(w in low for w in STRONG_WORDS)
+    for kind, cue in CUES:
+        if kind == "strong" and not strong_words:
+            continue
+        for m in cue.finditer(text):
+            yield from _cued_name(text, m, kind)
+    if not text.isascii():
+        yield from (m.span(1) for m in CJK_NAME_RE.finditer(text))
+
+
+def _cued_name(text: str, m: re.Match[str], kind: str) -> Iterator[Span]:
+    span = _name_span(text, m.end(), strong=kind in ("strong", "signoff"))
+    # A sign-off name ends its line or the message: "Thanks, Maria" but not "Thanks, Support will call".
+    if span and (kind != "signoff" or re.match(r"[ \t.!]*(?:\n|$)", text[span[1]:])):
+        yield span
+
+
+# --------------------------------------------------------------------------- street addresses
+
+STREET_WORDS = (
+    r"street|st|avenue|ave|av|road|rd|boulevard|blvd|lane|ln|drive|dr|court|ct|way|place|pl|terrace|terr|close|"
+    r"crescent|cres|highway|hwy|parkway|pkwy|square|sq|circle|cir|row|mews|gardens|gdns|grove|hill|walk|trail|"
+    r"park|parade|esplanade|broadway|alley|plaza|quay|wharf|green|rise|view|vale"
+)
+_WORD = r"[^\W\d_][\w'’.\-]*"
+US_UNIT = r"(?:,?\s+(?:apt|apartment|suite|ste|unit|flat|floor|fl|room|rm|#)\.?\s*#?\s*[\w-]{1,6})"
+DIRECTION = r"(?:\s+(?:N|S|E|W|NE|NW|SE|SW|North|South|East|West)\b\.?)"
+# Street names are capitalised ("42 Wallaby Way"); "2443 is on its way" is not an address.
+NUMBER_FIRST = re.compile(
+    rf"\b\d{{1,5}}[A-Za-z]?(?:[-/]\d{{1,5}}[A-Za-z]?)?,?\s+(?:(?:[A-Z]|\d+(?:st|nd|rd|th)\b)[\w'’.\-]*\s+){{1,4}}"
+    rf"(?i:{STREET_WORDS})\b\.?{DIRECTION}?(?i:{US_UNIT})?"
+)
+ROMANCE_STREET = re.compile(
+    r"\b\d{1,4}(?:\s?(?:bis|ter))?,?\s+(?:rue|avenue|av\.|boulevard|bd|place|allée|allee|chemin|impasse|quai|"
+    r"route|cours|passage|square)\s+(?:(?:de|du|des|la|le|l'|l’|d'|d’|saint|sainte)\s*)*"
+    rf"{_WORD}(?:\s+{_WORD}){{0,3}}"
+    r"|\b(?:calle|c/|avenida|avda\.?|plaza|paseo|camino|carrer|via|viale|piazza|corso|largo|rua|travessa|praça)\s+"
+    rf"(?:(?:de|del|la|las|los|di|della|dei|degli|da|do|dos|das)\s+)*{_WORD}(?:\s+{_WORD}){{0,3}},?\s+"
+    r"(?:n[º°o]\.?\s*)?\d{1,4}[A-Za-z]?",
+    re.IGNORECASE,
+)
+GERMANIC_HINT = re.compile(r"(?:straße|strasse|str\.|weg|gasse|platz|allee|ring|damm|ufer|chaussee|steig|pfad|gracht|"
+                           r"laan|plein|straat|kade|vej|gade|gatan|vägen|veien|gata|utca|ulica)\s+\d", re.IGNORECASE)
+ADDRESS_WORDS = ("address", "live", "moved", "ship", "deliver", "send", "mail", "located", "i'm at", "habite", "wohne",
+                 "vivo", "dirección", "adresse")
+GERMANIC_STREET = re.compile(
+    r"\b[^\W\d_][\w\-]*(?:straße|strasse|str\.|weg|gasse|platz|allee|ring|damm|ufer|chaussee|steig|pfad|gracht|"
+    r"laan|plein|straat|kade|vej|gade|gatan|vägen|veien|gata|utca|ulica)\s+\d{1,4}\s?[a-zA-Z]?\b",
+    re.IGNORECASE,
+)
+PO_BOX = re.compile(r"\b(?:P\.?\s?O\.?\s?Box|Post\s+Office\s+Box|Postfach|Apartado)\s+\d{1,8}\b", re.IGNORECASE)
+# After the street: ", Springfield, IL 62704", ", London NW1 6XE", ", 10115 Berlin", "75002 Paris".
+POSTCODE = (r"(?:\d{4,5}(?:-\d{3,4})?|[A-Z]{1,2}\d[A-Z\d]?\s?\d[A-Z]{2}|[A-Z]\d[A-Z]\s?\d[A-Z]\d|\d{3}-\d{4}|"
+            r"\d{3}\s?\d{2}|\d{6})")
+_END = r"(?=[\s,.;!?)]|$)"
+CITY = rf"[A-Z][\w'’.\-]*(?:\s+(?!{POSTCODE}{_END})[A-Z][\w'’.\-]*){{0,2}}"
+# A city after a comma, a postcode after a comma or a space: never the capitalised first word of a new sentence.
+TAIL_SEGMENT = re.compile(rf"(?:,\s*(?:{POSTCODE}(?:\s+{CITY})?|{CITY}(?:,?\s+{POSTCODE})?)|\s+{POSTCODE}(?:\s+{CITY})?){_END}")
+ADDRESS_CUE = re.compile(
+    r"\b(?:my\s+(?:new\s+|home\s+|old\s+|current\s+|billing\s+|shipping\s+|delivery\s+|postal\s+|mailing\s+)?"
+    r"address\s*(?:is|:)|(?:home|billing|shipping|delivery|postal|mailing|street|new)\s+address\s*(?:is|:)|"
+    r"address\s*:|i\s+live\s+(?:at|on|in)|i'm\s+at|i\s+moved\s+to|we\s+moved\s+to|ship(?:ping)?\s+(?:it\s+)?to|"
+    r"deliver(?:y|ed)?\s+(?:it\s+)?to|send\s+(?:it|them|the\s+\w+)\s+to|mail\s+(?:it\s+)?to|located\s+at|"
+    r"j'habite\s+(?:au|à)|ich\s+wohne\s+in|vivo\s+en|mi\s+dirección\s+es|meine\s+adresse\s+ist|mon\s+adresse\s+est)"
+    r"\s*",
+    re.IGNORECASE,
+)
+CLAUSE_END = re.compile(r"(?<!\b[A-Z][a-z])(?<!\bSt)(?<!\bAve)(?<!\bRd)(?<!\bApt)[.!?](?:\s|$)|\n| but | and I | so ")
+
+
+def _extend(text: str, end: int, segments: int = 3) -> int:
+    if text[end - 1] == "." and not text.startswith(",", end):
+        return end - 1  # "12 Oak St. Please call": the period ends the sentence too; keep it
+    for _ in range(segments):
+        m = TAIL_SEGMENT.match(text, end)
+        if m is None:
+            break
+        end = m.end()
+    while end > 0 and text[end - 1] in ".,; ":
+        end -= 1
+    return end
+
+
+def find_address(text: str) -> Iterator[Span]:
+    if not DIGIT.search(text):  # house numbers, postcodes, PO boxes: every form has a digit
+        return
+    found: list[Span] = []
+    patterns = (NUMBER_FIRST, ROMANCE_STREET, GERMANIC_STREET, PO_BOX) if GERMANIC_HINT.search(text) else (
+        NUMBER_FIRST, ROMANCE_STREET, PO_BOX)
+    for pattern in patterns:
+        for m in pattern.finditer(text):
+            found.append((m.start(), _extend(text, m.end())))
+    yield from found
+    low = text.lower()
+    if not any(w in low for w in ADDRESS_WORDS):
+        return
+    for m in ADDRESS_CUE.finditer(text):
+        start = m.end()
+        if any(s <= start + 2 and start - 2 <= e for s, e in found) or any(start <= s < start + 40 for s, _ in found):
+            continue
+        stop = CLAUSE_END.search(text, start)
+        end = min(stop.start() if stop else len(text), start + 120)
+        chunk = text[start:end].rstrip(TRAILING + " ")
+        # An address has a number (house or postcode) and a capitalised place; "ship it to my office" has neither.
+        if re.search(r"\d", chunk) and re.search(r"[A-Z]", chunk) and len(chunk) >= 6:
+            yield start, start + len(chunk)
+
+
+# --------------------------------------------------------------------------- dates of birth
+
+MONTHS = (r"jan(?:uary|vier|uar|\.)?|feb(?:ruary|ruar|\.)?|févr(?:ier)?|fevrier|mar(?:ch|s|\.)?|mär(?:z)?|apr(?:il|\.)?|"
+          r"avr(?:il)?|may|mai|mayo|jun(?:e|i|\.)?|juin|jul(?:y|i|\.)?|juil(?:let)?|aug(?:ust|\.)?|ao[uû]t|"
+          r"sep(?:t(?:ember)?|\.)?|sept(?:embre)?|oct(?:ober|obre|\.)?|okt(?:ober)?|nov(?:ember|embre|\.)?|"
+          r"dec(?:ember|\.)?|déc(?:embre)?|dez(?:ember)?|enero|febrero|marzo|abril|junio|julio|agosto|septiembre|"
+          r"octubre|noviembre|diciembre")
+DATE = (rf"(?:\d{{4}}[-/.]\d{{1,2}}[-/.]\d{{1,2}}|\d{{1,2}}[-/.]\d{{1,2}}[-/.](?:\d{{4}}|\d{{2}})|"
+        rf"\d{{1,2}}(?:st|nd|rd|th|er)?\.?\s+(?:of\s+|de\s+)?(?:{MONTHS})\.?,?\s+(?:de\s+)?\d{{4}}|"
+        rf"(?:{MONTHS})\.?\s+\d{{1,2}}(?:st|nd|rd|th)?,?\s+\d{{4}}|\d{{4}}年\d{{1,2}}月\d{{1,2}}日)")
+DOB_RE = re.compile(
+    r"(?:\bdate\s+of\s+birth|\bbirth\s?date|\bbirthday|\bborn|\bd\.?\s?o\.?\s?b\b\.?|\bgeburtsdatum|\bgeboren|"
+    r"\bgeb\.|\bdate\s+de\s+naissance|\bné(?:e)?|\bfecha\s+de\s+nacimiento|\bnacid[oa]|\bdata\s+di\s+nascita|"
+    r"\bnato|\bnata|出生日期|生年月日)"
+    r"(?:[\s:=,-]*\b(?:is|was|on|in|am|le|el|il|the|of|my)\b){0,4}[\s:=,-]*"
+    rf"(?P<date>{DATE})",
+    re.IGNORECASE,
+)
+
+
+DOB_WORDS = ("birth", "born", "dob", "d.o.b", "d. o. b", "geb", "naissance", "né", "nacid", "nacimiento", "nascita",
+             "nat", "出生", "生年")
+
+
+def find_date_of_birth(text: str) -> Iterator[Span]:
+    low = text.lower()
+    if not any(w in low for w in DOB_WORDS):
+        return
+    yield from (m.span("date") for m in DOB_RE.finditer(text))
