@@ -5,7 +5,7 @@ Pipeline (`mlops data build --config <yaml>`, or `mlflow run mlproject -e data -
     records.py   JSONL / Parquet / CSV in chat, instruction or text shape -> Record (content id, source, line,
                  domain), or an Issue naming file, line and field (policy data.on_bad_record: fail | skip)
     clean.py     per record in worker processes: pii.py scrub -> filters.py (registered quality filters)
-                 -> decontam.py (13-gram overlap with eval sets); then dedup.py exact and MinHash LSH near dedup
+                 -> decontam.py (eval items held per message, the rule the eval report shares); then dedup.py exact and MinHash LSH near dedup
                  in record order, also against earlier snapshots
     mixing.py    target shares per capability domain (+ history snapshot at a ratio, incremental mode)
     tokenize.py  base model tokenizer and chat template, assistant-only loss masks (worker processes)

@@ -56,7 +56,7 @@ def clean_chunk(records: list[Record]) -> tuple[list[Cleaned], dict[str, int]]:
         if not ok:
             out.append(Cleaned(record, "filter", reason))
             continue
-        hit = index.find(text)
+        hit = index.find(m["content"] for m in record.messages)  # per message, as the report reads it
         if hit is not None:
             ref, gram = hit
             out.append(Cleaned(record, "decontam", "eval_overlap", {**ref, "ngram": gram}))
