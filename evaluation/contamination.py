@@ -17,7 +17,7 @@ from pathlib import Path
 
 from evaluation.suites import Suite
 from mlops.data.config import ContaminationRule
-from mlops.data.decontam import EvalIndex, leak_words, strings_of
+from mlops.data.decontam import EvalIndex, checkable
 
 _HEADER = re.compile(r"^\s*(system|user|assistant|tool|developer|ipython)[ \t]*\n")
 _PROBE = "zq probe text zq"
@@ -39,7 +39,7 @@ def contamination_report(items: Iterable[tuple[str, str, dict]],
     checked = unchecked = 0
     for suite, task, item in items:
         index.add_item(item, {"suite": suite, "task": task, "id": item.get("id")})
-        if any(len(leak_words(text)) >= rule.min_words for text in strings_of(item)):
+        if checkable(item, rule):
             checked += 1
         else:
             unchecked += 1

@@ -67,10 +67,11 @@ class ContaminationRule(StrictModel):
 
     Texts are compared after normalisation (Unicode NFKC, case, punctuation, contractions, number words,
     plural and tense endings). An eval text leaks into one training message when they share an `ngram`-word
-    run, or when the message holds `fuzzy_containment` of the eval text's `fuzzy_shingle`-word shingles and
-    `fuzzy_content` of its content words (a paraphrase that swaps or inserts a few words). Eval texts
-    shorter than `ngram` words match whole; those shorter than `min_words` are too generic to call a leak
-    ("30 days") and are ignored.
+    run, or when the message holds `fuzzy_containment` (and at least `fuzzy_min_shared`) of the eval text's
+    `fuzzy_shingle`-word shingles and `fuzzy_content` of its content words (a paraphrase that swaps or inserts
+    a few words). Question texts shorter than `ngram` words match whole; those shorter than `min_words` are
+    too generic to call a leak. Answer texts (choices, targets, aliases) are what a policy corpus must teach,
+    so they count only as a verbatim run of `ngram` words, never whole or by paraphrase ("30 days").
     """
 
     ngram: int = Field(8, ge=4, description="shared normalised word n-gram length that makes a verbatim leak")
@@ -79,6 +80,10 @@ class ContaminationRule(StrictModel):
     fuzzy_containment: float = Field(
         0.5, gt=0, le=1, description="share of an eval text's shingles inside one training message that makes "
         "a paraphrased leak (1.0: every shingle)"
+    )
+    fuzzy_min_shared: int = Field(
+        4, ge=1, description="fewest shared shingles for a paraphrase match: a short question sharing a 5-word "
+        "phrase with a policy statement is no paraphrase of it"
     )
     fuzzy_content: float = Field(
         0.75, ge=0, le=1, description="share of the eval text's content words (not function words) the message "

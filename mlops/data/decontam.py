@@ -29,12 +29,15 @@ from mlops.errors import ConfigError
 
 SKIP_KEYS = {"id", "domain", "suite", "task", "type", "category", "label", "role", "metric", "source",
              "dimension", "topic", "kind"}
+# Answers are the facts a training corpus teaches: only a long verbatim copy of one is evidence of a leak.
+ANSWER_KEYS = {"choices", "target", "targets", "aliases", "answer", "answers", "checks", "output", "reference"}
 
 _WORD = re.compile(r"[^\W_]+")
 _CONTRACTIONS = [(re.compile(p), r) for p, r in (
     (r"\bcan['’]t\b", "can not"), (r"\bwon['’]t\b", "will not"), (r"\bcannot\b", "can not"),
     (r"n['’]t\b", " not"), (r"['’]re\b", " are"), (r"['’]ll\b", " will"), (r"['’]ve\b", " have"),
-    (r"['’]m\b", " am"), (r"['’]d\b", " would"), (r"['’]s\b", ""),
+    (r"['’]m\b", " am"), (r"['’]d\b", " would"),
+    (r"\b(what|that|it|there|here|he|she|who|where|how|when|why)['’]s\b", r"\1 is"), (r"['’]s\b", ""),
 )]
 _UNITS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve "
                                      "thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split())}
@@ -91,15 +94,26 @@ FUNCTION_WORDS = frozenset(leak_words(" ".join(_FUNCTION)))
 
 def strings_of(value: Any, key: str = "") -> list[str]:
     """Every string of an eval item that could appear in training text (metadata keys excluded)."""
+    return [text for text, _ in texts_of(value, key)]
+
+
+def texts_of(value: Any, key: str = "", answer: bool = False) -> list[tuple[str, bool]]:
+    """(text, is an answer) for every string of an eval item, metadata keys excluded."""
     if key in SKIP_KEYS:
         return []
+    answer = answer or key in ANSWER_KEYS
     if isinstance(value, str):
-        return [value]
+        return [(value, answer)]
     if isinstance(value, dict):
-        return [s for k, v in value.items() for s in strings_of(v, str(k))]
+        return [t for k, v in value.items() for t in texts_of(v, str(k), answer)]
     if isinstance(value, list):
-        return [s for v in value for s in strings_of(v)]
+        return [t for v in value for t in texts_of(v, key, answer)]
     return []
+
+
+def checkable(item: Any, rule: ContaminationRule) -> bool:
+    """Whether the rule can find the item at all (some text long enough to count)."""
+    return any(len(leak_words(text)) >= (rule.ngram if answer else rule.min_words) for text, answer in texts_of(item))
 
 
 def resolve_eval_sets(patterns: list[str], home: Path) -> tuple[list[Path], list[str]]:
@@ -137,15 +151,17 @@ class EvalIndex:
             return [self.vocab.setdefault(w, len(self.vocab)) for w in words]
         return [self.vocab.get(w, -1) for w in words]
 
-    def add_text(self, text: str, ref_index: int) -> None:
+    def add_text(self, text: str, ref_index: int, answer: bool = False) -> None:
         rule = self.rule
         words = leak_words(text)
-        if len(words) < rule.min_words:
+        if len(words) < (rule.ngram if answer else rule.min_words):
             return
         ids = self._ids(words, grow=True)
         if len(ids) >= rule.ngram:
             for i in range(len(ids) - rule.ngram + 1):
                 self.grams.setdefault(tuple(ids[i : i + rule.ngram]), ref_index)
+            if answer:
+                return
         else:
             self.whole.setdefault(len(ids), {}).setdefault(tuple(ids), ref_index)
         k = rule.fuzzy_shingle
@@ -158,8 +174,8 @@ class EvalIndex:
 
     def add_item(self, item: Any, ref: dict) -> None:
         self.refs.append(ref)
-        for text in strings_of(item):
-            self.add_text(text, len(self.refs) - 1)
+        for text, answer in texts_of(item):
+            self.add_text(text, len(self.refs) - 1, answer)
         self.items += 1
 
     def add_file(self, path: Path, name: str) -> int:
@@ -202,7 +218,8 @@ class EvalIndex:
         present = set(ids)
         for unit, count in hits.items():
             ref, size, content, unit_text = self.units[unit]
-            if count >= rule.fuzzy_containment * size and len(content & present) >= rule.fuzzy_content * len(content):
+            if (count >= max(rule.fuzzy_containment * size, min(rule.fuzzy_min_shared, size))
+                    and len(content & present) >= rule.fuzzy_content * len(content)):
                 yield ref, f"~{count}/{size} shingles of: {unit_text[:160]}"
 
     def matches(self, messages: str | Iterable[str]) -> list[tuple[dict, str]]:
