@@ -95,28 +95,28 @@ def train_demo_candidate(home: Path) -> dict:
 
 
 def evaluate(ref: str, suites: list[str], home: Path):
-    from mlops.config import load_config
     from evaluation.runner import run_eval
+    from mlops.config import load_config
 
     cfg = load_config(home / "configs" / "eval" / "default.yaml", ["eval.limit=null"])
     return run_eval(cfg, ref, suites=suites, attach_env_run=False)
 
 
-def _se(p: float, n: int) -> float:
-    return math.sqrt(max(p * (1 - p), 0.0) / max(n - 1, 1))
+def _aggregate(run: dict, tasks: list[str], primary: dict[str, str], counts: dict[str, int]) -> tuple[float, float]:
+    """n-weighted score of a dimension's tasks and its standard error (as evaluation.results.area_scores)."""
+    n = sum(counts[t] for t in tasks)
+    value = sum(run[t][primary[t]] * counts[t] for t in tasks) / n
+    se = math.sqrt(sum((counts[t] / n) ** 2 * run[t].get(f"{primary[t]}_stderr", 0.0) ** 2 for t in tasks))
+    return value, se
 
 
 def dimension_rows(base: dict, tuned: dict, primary: dict[str, str], areas: dict[str, list[str]],
                    counts: dict[str, int]) -> list[dict]:
-    """Per dimension (the gate's unit): n-weighted primary scores, delta, interval and detectable improvement."""
+    """Per dimension (the gate's unit): scores, delta, interval and the smallest improvement the gate detects."""
     rows = []
     for area, tasks in sorted(areas.items()):
         n = sum(counts[t] for t in tasks)
-        def agg(run: dict) -> tuple[float, float]:
-            value = sum(run[t][primary[t]] * counts[t] for t in tasks) / n
-            se = math.sqrt(sum((counts[t] / n) ** 2 * run[t].get(f"{primary[t]}_stderr", 0.0) ** 2 for t in tasks))
-            return value, se
-        (b, sb), (c, sc) = agg(base), agg(tuned)
+        (b, sb), (c, sc) = _aggregate(base, tasks, primary, counts), _aggregate(tuned, tasks, primary, counts)
         half = Z * math.sqrt(sb**2 + sc**2)
         rows.append({"dimension": area, "n": n, "base": b, "tuned": c, "delta": c - b, "lo": c - b - half,
                      "hi": c - b + half, "mdi": half, "mdi_p50": Z * math.sqrt(2 * 0.25 / n), "improved": c - b > half})
@@ -171,8 +171,8 @@ def write(path: Path, block: str) -> None:
 
 
 def calibrate(home: Path, tuned_ref: str | None, suites: list[str], out: Path) -> dict:
-    from mlops.base_models import ensure_base_model
     from evaluation.suites import get_suites
+    from mlops.base_models import ensure_base_model
 
     started = time.perf_counter()
     base_dir = Path(ensure_base_model("smollm2")["path"])
