@@ -216,7 +216,7 @@ def contamination(
     config: Path | None = ConfigOpt,
     overrides: list[str] | None = OverridesArg,
 ) -> None:
-    """N-gram overlap of eval items with the model's training snapshot, recorded on the model version."""
+    """Eval items held by the model's training snapshot (under its decontamination rule), tagged on the version."""
     from evaluation.contamination import contamination_for_model
     from evaluation.runner import contamination_tags
     from evaluation.suites import get_suites

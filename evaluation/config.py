@@ -30,11 +30,10 @@ class GateConfig(StrictModel):
 
 
 class ContaminationConfig(StrictModel):
+    """The report uses the contamination rule the snapshot was built with (its manifest's `data.decontam`):
+    one definition for build and report, so it has no n-gram setting of its own."""
+
     enabled: bool = Field(True, description="check eval items against the training snapshot after each eval")
-    ngram: int = Field(8, ge=3, description="word n-gram length (items shorter than this compare whole)")
-    min_ratio: float = Field(
-        0.0, ge=0, lt=1, description="an item offends when more than this share of its n-grams is in the snapshot"
-    )
     split: str = Field("train", description="snapshot split the model was trained on")
 
 

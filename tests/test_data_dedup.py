@@ -8,6 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from mlops.data.config import DecontamConfig
 from mlops.data.decontam import EvalIndex, resolve_eval_sets
 from mlops.data.dedup import ExactIndex, Keys, NearIndex, exact_hash, load_prior, save_index, signature
 from mlops.data.mixing import history_take, interleave, plan_mix, select
@@ -63,7 +64,7 @@ def test_decontam_reports_the_eval_item(tmp_path):
     evals.write_text("\n".join(json.dumps(i) for i in items) + "\n")
     files, unmatched = resolve_eval_sets(["suites/**/*.jsonl", "missing/*.jsonl"], tmp_path)
     assert files == [evals] and unmatched == ["missing/*.jsonl"]
-    index = EvalIndex(n=13, min_words=8)
+    index = EvalIndex(DecontamConfig(ngram=13, min_words=8))
     assert index.add_file(evals, "suites/support.jsonl") == 2
     leak = "Hi! a customer says their router lights blink orange after a storm and the internet is down, help"
     ref, gram = index.find(leak)

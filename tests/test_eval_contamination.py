@@ -1,33 +1,95 @@
-"""Contamination: eval items against the training snapshot named by the model's lineage."""
+"""Contamination: eval items against the training snapshot named by the model's lineage, under the rule the
+snapshot's decontamination used, so a snapshot that passed decontamination reports nothing."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 from evaluation.config import ContaminationConfig
-from evaluation.contamination import contamination_for_model, contamination_report
-from evaluation.suites import get_suites
+from evaluation.contamination import contamination_for_model, contamination_report, rule_of, suite_items
+from evaluation.suites import SUITES_DIR, get_suites
+from mlops.data.config import ContaminationRule
+from mlops.data.testing import quick_build
 from mlops.model_refs import ResolvedModel
 
 ITEM = {"id": "x-1", "prompt": "How many days after delivery does a customer have to return an item?",
         "choices": ["14 days", "30 days", "60 days", "90 days"], "answer": 1}
 
 
-def test_an_item_sharing_an_ngram_with_training_text_is_reported():
+def test_items_held_by_a_training_message_are_reported_with_evidence():
     clean = {"id": "x-2", "prompt": "Which metal is liquid at room temperature?", "target": "Mercury"}
     short = {"id": "x-3", "prompt": "Reply yes.", "target": "yes"}
-    texts = ["Agent: customers ask how many days after delivery does a customer have to return an item and we say"]
-    report = contamination_report([("s", "t", ITEM), ("s", "t", clean), ("s", "t", short)], texts, ngram=8)
-    assert report["items_checked"] == 3 and report["count"] == 1
-    assert report["offending"][0]["id"] == "x-1" and 0 < report["offending"][0]["ratio"] < 1
+    samples = [("s1", ["Hi", "Agent notes: how many days after the delivery does a customer have to return items?"]),
+               ("s2", ["Mercury is a liquid metal."]), "please reply yes"]
+    report = contamination_report([("s", "t", ITEM), ("s", "t", clean), ("s", "t", short)], samples)
+    assert (report["items_checked"], report["items_too_short"], report["count"]) == (2, 1, 1)
+    hit = report["offending"][0]
+    assert (hit["id"], hit["sample"], hit["samples"]) == ("x-1", "s1", 1) and "deliver" in hit["evidence"]
 
 
-def test_min_ratio_and_short_items_compare_whole():
-    texts = ["please reply yes or no", "a distant sentence about how many days"]
-    short = {"id": "s-1", "prompt": "Reply yes", "target": ""}
-    assert contamination_report([("s", "t", short)], texts, ngram=8)["count"] == 1
-    report = contamination_report([("s", "t", ITEM)], [ITEM["prompt"][:40]], ngram=3, min_ratio=0.5)
-    assert report["count"] == 0  # a few shared 3-grams, under half the item's
+def test_the_rule_comes_from_the_snapshot_manifest():
+    manifest = {"config": {"decontam": {"eval_sets": ["e.jsonl"], "ngram": 13, "min_words": 8}}}
+    assert rule_of(manifest) == ContaminationRule(ngram=13, min_words=8)
+    assert rule_of(None) == ContaminationRule()
+    texts = ["Agent notes: after delivery how many days does a customer have to return an item"]
+    assert contamination_report([("s", "t", ITEM)], texts, ContaminationRule(ngram=13, min_words=8,
+                                fuzzy_containment=1.0, fuzzy_content=1.0))["count"] == 0
+    assert contamination_report([("s", "t", ITEM)], texts)["count"] == 1
+
+
+def leak_records(seed: int, count: int) -> list[dict]:
+    """Fragments of real suite items, whole or cut, copy-edited or not, inside chats: some are leaks under the
+    rule, some fall just short of it; all survive the trip through the chat template and the tokenizer."""
+    rng = random.Random(seed)
+    items = [item for _, _, item in suite_items(get_suites("general,business"))]
+    records = []
+    for _ in range(count):
+        item = rng.choice(items)
+        texts = [t for t in [*item.get("choices", []), str(item.get("target", ""))] if t.strip()]
+        text = item["prompt"] if rng.random() < 0.7 or not any(texts) else rng.choice(texts)
+        words = text.split()
+        size = rng.randint(min(3, len(words)), len(words)) if rng.random() < 0.3 else len(words) * 2 // 3 + 1
+        start = rng.randint(0, len(words) - size)
+        piece = words[start : start + size]
+        if rng.random() < 0.4 and len(piece) > 4:
+            piece[rng.randrange(len(piece))] = rng.choice(["really", "the", "our", "Northwind"])
+        if rng.random() < 0.3:
+            piece = [w.upper() if rng.random() < 0.5 else w.strip("?.,!") for w in piece]
+        fragment = " ".join(piece)
+        user, answer = f"Hello, a question from a customer: {fragment}", "Thanks, let me look at that for you."
+        if rng.random() < 0.5:
+            user, answer = "Can you help me with something?", f"Sure. Our notes say: {fragment} Anything else?"
+        messages = [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+        if rng.random() < 0.2:
+            messages.insert(0, {"role": "system", "content": f"Context for the agent: {fragment}"})
+        records.append({"messages": messages, "domain": "general"})
+    return records
+
+
+def test_a_snapshot_that_passed_decontamination_never_reports_a_contaminated_item(tiny_model, mlops_home, tmp_path):
+    suites = get_suites("general,business")
+    records = leak_records(seed=5, count=160)
+    eval_sets = [str(SUITES_DIR / "**" / "*.jsonl")]
+
+    def report_for(result):
+        model = ResolvedModel("x", Path(tiny_model["path"]), "folder",
+                              run_tags={"mlops.data_snapshot_id": result.snapshot_id})
+        return contamination_for_model(model, suites, ContaminationConfig())
+
+    common = {"workdir": tmp_path, "validation_fraction": 0.0, "seq_len": 512, "dedup": {"near": False}}
+    clean = quick_build(records, base_model=tiny_model["path"], decontam={"eval_sets": eval_sets}, **common)
+    dropped = clean.manifest["counters"].get("decontam.eval_overlap", 0)
+    assert 20 < dropped < len(records) - 20  # both sides of the rule are exercised
+    report = report_for(clean)
+    assert report["status"] == "checked" and report["count"] == 0, report["offending"][:3]
+    assert all(report["suites_covered"].values())
+
+    unchecked = quick_build(records, base_model=tiny_model["path"], name="plain.jsonl", **common)
+    control = report_for(unchecked)
+    named = {hit["eval_id"] for hit in clean.manifest["decontam"]["examples"]}
+    assert control["count"] > 0 and named <= {o["id"] for o in control["offending"]}
+    assert not any(control["suites_covered"].values())
 
 
 def test_model_lineage_snapshot_is_decoded_and_checked(tiny_model, mlops_home):
@@ -38,14 +100,15 @@ def test_model_lineage_snapshot_is_decoded_and_checked(tiny_model, mlops_home):
     tok = AutoTokenizer.from_pretrained(tiny_model["path"])
     business = get_suites("business")[0]
     leaked = business.task("biz_billing_mc").items()[3]
-    text = f"User: {leaked['prompt']}\nAssistant: {leaked['choices'][leaked['answer']]}"
+    text = tok.apply_chat_template([{"role": "user", "content": leaked["prompt"]},
+                                    {"role": "assistant", "content": "Let me check."}], tokenize=False)
     other = "User: my router blinks orange\nAssistant: unplug it for thirty seconds and plug it back in."
     folder = write_snapshot({"train": [tok(text).input_ids, tok(other).input_ids]}, seq_len=128)
     model = ResolvedModel("x", Path(tiny_model["path"]), "folder", run_tags={"mlops.data_snapshot_id": folder.name})
     report = contamination_for_model(model, [business], ContaminationConfig())
     assert report["status"] == "checked" and report["snapshot_id"] == folder.name
     assert [o["id"] for o in report["offending"]] == [leaked["id"]]
-    assert report["items_checked"] == sum(len(t.items()) for t in business.tasks)
+    assert report["items_checked"] + report["items_too_short"] == sum(len(t.items()) for t in business.tasks)
 
 
 def test_model_without_snapshot_lineage_is_reported_as_unknown(tiny_model, mlops_home):

@@ -59,7 +59,7 @@ def test_suite_sizes_and_business_dimensions():
         per_dim[task.area] = per_dim.get(task.area, 0) + len(task.items())
         assert all(item["dimension"] == task.area for item in task.items())
     assert set(per_dim) == DIMENSIONS
-    assert all(20 <= n <= 50 for n in per_dim.values()) and 180 <= sum(per_dim.values()) <= 220
+    assert all(30 <= n <= 50 for n in per_dim.values()) and 240 <= sum(per_dim.values()) <= 300
     kinds = {(t.area, t.kind) for t in business.tasks}
     assert all((d, k) in kinds for d in DIMENSIONS for k in ("multiple_choice", "generate"))
 

@@ -49,6 +49,7 @@ class Suite:
     folder: Path
     fingerprint: str
     tasks: list[TaskSpec] = field(default_factory=list)
+    baseline_margin: float = 0.10  # trivial-baseline rules must stay within chance +/- this (evaluation.baselines)
 
     @property
     def label(self) -> str:
@@ -94,7 +95,8 @@ def load_suite(folder: Path, *, check_fingerprint: bool = True) -> Suite:
             area=raw["area"], template=raw.get("template", "{{prompt}}"), scorer=raw.get("scorer"),
             max_gen_toks=int(raw.get("max_gen_toks", 64)),
         ))
-    return Suite(spec["name"], int(spec["version"]), spec.get("description", ""), folder, fingerprint, tasks)
+    return Suite(spec["name"], int(spec["version"]), spec.get("description", ""), folder, fingerprint, tasks,
+                 float(spec.get("baseline_margin", 0.10)))
 
 
 def discover(extra_paths: list[str] | tuple[str, ...] = ()) -> Registry[Suite]:

@@ -6,9 +6,9 @@ Pipeline (`mlops data build --config <yaml>`, or `mlflow run mlproject -e data -
                  domain), or an Issue with a reason code (RecordError class) and a redacted excerpt
                  (policy data.on_bad_record: fail | skip)
     clean.py     per record in worker processes: pii.py scrub (pii_structured / pii_context detectors)
-                 -> filters.py (registered quality filters, language id) -> decontam.py (n-gram overlap with eval
-                 sets); then dedup.py exact and MinHash LSH near dedup, confirmed by similarity, in record order,
-                 also against earlier snapshots
+                 -> filters.py (registered quality filters, language id) -> decontam.py (eval items held per
+                 message, the rule the eval report shares); then dedup.py exact and MinHash LSH near dedup,
+                 confirmed by similarity, in record order, also against earlier snapshots
     mixing.py    target shares per capability domain (+ history snapshot at a ratio, incremental mode)
     checks.py    per record after tokenize.py (chat template, assistant-only loss masks): template, token bounds
                  (drop or truncate), loss tokens; then gate.py validates the batch with a registered, versioned

@@ -243,7 +243,7 @@ class Build:
     def eval_index(self):
         from mlops.data.decontam import EvalIndex
 
-        index = EvalIndex(self.data.decontam.ngram, self.data.decontam.min_words)
+        index = EvalIndex(self.data.decontam)
         for entry in self.inputs.eval_files:
             entry["items"] = index.add_file(entry["path"], entry["name"])
         return index

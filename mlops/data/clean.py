@@ -80,7 +80,7 @@ def _clean_one(record: Record, cfg: DataConfig, scrubber: Scrubber, index: EvalI
     ok, reason = run_filters(record, cfg.filters)
     if not ok:
         return _reject(record, "filter", reason, limit)
-    hit = index.find(text)
+    hit = index.find(m["content"] for m in record.messages)  # per message, as the eval report reads it
     if hit is not None:
         ref, gram = hit
         # The shared n-gram is the record's text too: it leaves the worker redacted, like any excerpt.

@@ -153,15 +153,17 @@ def sample(
     out: Path = typer.Option(Path("data/generated"), "--out", help="folder for the generated files"),
     scale: int = typer.Option(1, "--scale", min=1, help="multiply the number of records"),
     seed: int = typer.Option(7, "--seed", help="generator seed (same seed, same files)"),
+    round_: int = typer.Option(1, "--round", min=1, max=2, help="1: the first corpus; 2: the incremental round, "
+                               "covering the policy facts round 1 leaves out (write it to another --out)"),
     eval_sets: str = typer.Option("evaluation/suites/**/*.jsonl", "--eval-sets",
                                   help="glob (under the project home) of eval files to leak a few items from"),
 ) -> None:
-    """Generate the customer-support sample data (with injected duplicates, PII, junk, leaks, a bad batch)."""
+    """Generate the policy-grounded support sample data (with planted duplicates, PII, junk, leaks, a bad batch)."""
     from mlops.data.decontam import resolve_eval_sets
     from mlops.data.sample import generate
     from mlops.paths import project_home
 
     files, _ = resolve_eval_sets([eval_sets], project_home()) if eval_sets else ([], [])
-    summary = generate(out, scale=scale, seed=seed, eval_files=files)
+    summary = generate(out, scale=scale, seed=seed, eval_files=files, round_=round_)
     for name, count in summary.items():
         typer.echo(f"{name:40} {count}")

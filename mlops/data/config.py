@@ -136,12 +136,53 @@ class DedupConfig(StrictModel):
     )
 
 
-class DecontamConfig(StrictModel):
-    eval_sets: list[str] = Field(
-        default_factory=list, description="JSONL eval files or globs; training records sharing an n-gram are dropped"
+class ContaminationRule(StrictModel):
+    """When a training text holds an eval item: the one definition shared by the snapshot build's
+    decontamination and the eval contamination report (both go through `mlops.data.decontam.EvalIndex`).
+
+    Texts are compared after normalisation (Unicode NFKC, case, punctuation, contractions, number words,
+    plural and tense endings). An eval text leaks into one training message when they share an `ngram`-word
+    run, or when the message holds `fuzzy_containment` (and at least `fuzzy_min_shared`) of the eval text's
+    `fuzzy_shingle`-word shingles and `fuzzy_content` of its content words (a paraphrase that swaps or inserts
+    a few words). Question texts shorter than `ngram` words match whole; those shorter than `min_words` are
+    too generic to call a leak. Answer texts (choices, targets, aliases) are what a policy corpus must teach,
+    so they count only as a verbatim run of `ngram` words, never whole or by paraphrase ("30 days").
+    """
+
+    ngram: int = Field(8, ge=4, description="shared normalised word n-gram length that makes a verbatim leak")
+    min_words: int = Field(6, ge=3, description="shortest eval text (in words) that is checked at all")
+    fuzzy_shingle: int = Field(3, ge=2, description="word shingle size of the paraphrase check")
+    fuzzy_containment: float = Field(
+        0.5, gt=0, le=1, description="share of an eval text's shingles inside one training message that makes "
+        "a paraphrased leak (1.0: every shingle)"
     )
-    ngram: int = Field(13, ge=4, description="word n-gram length that counts as a leak")
-    min_words: int = Field(8, ge=1, description="eval items shorter than `ngram` words match whole if this long")
+    fuzzy_min_shared: int = Field(
+        4, ge=1, description="fewest shared shingles for a paraphrase match: a short question sharing a 5-word "
+        "phrase with a policy statement is no paraphrase of it"
+    )
+    fuzzy_content: float = Field(
+        0.75, ge=0, le=1, description="share of the eval text's content words (not function words) the message "
+        "must also hold: a paraphrase keeps the key terms, another question on the same stem does not"
+    )
+
+    @model_validator(mode="after")
+    def _sizes(self) -> ContaminationRule:
+        if self.min_words > self.ngram:
+            raise ValueError(f"min_words ({self.min_words}) must not exceed ngram ({self.ngram}); lower min_words")
+        if self.fuzzy_shingle >= self.min_words:
+            raise ValueError(f"fuzzy_shingle ({self.fuzzy_shingle}) must be below min_words ({self.min_words})")
+        return self
+
+    def rule(self) -> ContaminationRule:
+        """The rule alone (without the settings of a section that extends it)."""
+        return ContaminationRule(**{k: getattr(self, k) for k in ContaminationRule.model_fields})
+
+
+class DecontamConfig(ContaminationRule):
+    eval_sets: list[str] = Field(
+        default_factory=list, description="JSONL eval files or globs; training records that hold an eval item "
+        "under the contamination rule (the fields of this section) are dropped"
+    )
 
 
 class HistoryConfig(StrictModel):

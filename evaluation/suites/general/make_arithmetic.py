@@ -32,6 +32,8 @@ def items(rng: random.Random) -> list[dict]:
         name = rng.choice(NAMES)
         thing, holder = rng.choice(THINGS)
         start, more, lose = rng.randint(10, 60), rng.randint(5, 40), rng.randint(1, 9)
+        if lose == more:  # the answer would be `start`, which the prompt already states
+            lose = lose % 9 + 1
         out.append((
             f"{name} has {start} {thing} in a {holder}, gets {more} more, then gives away {lose}. "
             f"How many {thing} does {name} have now?", start + more - lose, "word problem",

@@ -1,0 +1,30 @@
+"""Calibration report arithmetic and its place in CALIBRATION.md (the real run is `python -m evaluation.calibrate`)."""
+
+from __future__ import annotations
+
+import math
+
+from evaluation.calibrate import BEGIN, END, Z, dimension_rows, write
+
+
+def test_dimension_rows_weight_tasks_by_items_and_name_the_smallest_detectable_gain():
+    primary = {"mc": "acc_norm", "gen": "f1"}
+    base = {"mc": {"acc_norm": 0.25, "acc_norm_stderr": 0.09}, "gen": {"f1": 0.10, "f1_stderr": 0.08}}
+    tuned = {"mc": {"acc_norm": 0.75, "acc_norm_stderr": 0.09}, "gen": {"f1": 0.40, "f1_stderr": 0.14}}
+    [row] = dimension_rows(base, tuned, primary, {"refunds": ["mc", "gen"]}, {"mc": 24, "gen": 12})
+    assert row["n"] == 36 and math.isclose(row["base"], (0.25 * 24 + 0.10 * 12) / 36)
+    se_b = math.sqrt((24 / 36) ** 2 * 0.09**2 + (12 / 36) ** 2 * 0.08**2)
+    se_t = math.sqrt((24 / 36) ** 2 * 0.09**2 + (12 / 36) ** 2 * 0.14**2)
+    assert math.isclose(row["mdi"], Z * math.sqrt(se_b**2 + se_t**2))
+    assert math.isclose(row["lo"], row["delta"] - row["mdi"]) and row["improved"]
+    same = dimension_rows(base, base, primary, {"refunds": ["mc", "gen"]}, {"mc": 24, "gen": 12})[0]
+    assert same["delta"] == 0 and not same["improved"]
+
+
+def test_write_replaces_only_the_generated_block(tmp_path):
+    path = tmp_path / "CALIBRATION.md"
+    path.write_text(f"# Title\nkept intro\n\n{BEGIN}\nold table\n{END}\nkept notes\n")
+    write(path, f"{BEGIN}\nnew table\n{END}\n")
+    text = path.read_text()
+    assert "old table" not in text and "new table" in text
+    assert text.startswith("# Title\nkept intro") and text.rstrip().endswith("kept notes")
