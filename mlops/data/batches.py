@@ -82,7 +82,7 @@ class BatchWriter:
         self.staging = staging
         self.suite = suite
         self.targets = targets
-        self.quarantined = quarantine
+        self.rejects = quarantine
         self.counters: Counter[str] = Counter()
         pad_id = inputs.tokenizer["pad_id"]
         self.writers = {s: ShardWriter(staging / s, data.seq_len, pad_id, data.shard_size) for s in SPLITS}
@@ -99,7 +99,7 @@ class BatchWriter:
                        result: GateResult | None) -> None:
         for c in rejected:
             self.counters[f"record.{c.reason}"] += 1
-            self.quarantined.record(rows[c.position]["record"], "record", c.reason, c.detail, c.excerpt)
+            self.rejects.record(rows[c.position]["record"], "record", c.reason, c.detail, c.excerpt)
         self.counters["record.truncated"] += sum(c.truncated for c in passed)
         kept = [rows[c.position] for c in passed]
         info = {"batch": number, "records": len(kept), "rejected_records": len(rejected), "suite": self.suite.key,

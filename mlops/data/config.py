@@ -238,7 +238,7 @@ class DataConfig(StrictModel):
     overlong: Literal["drop", "truncate"] = Field(
         "drop", description="a record longer than seq_len tokens is dropped or truncated to seq_len, by itself"
     )
-    min_records: int = Field(
+    min_records: int = volatile(
         1, ge=1, description="fewest records the snapshot must hold; a build below it fails and publishes nothing"
     )
     excerpt_chars: int = volatile(

@@ -141,7 +141,6 @@ class Gate:
         return GateResult(bool(result.success), failed, result.to_json_dict(), len(result.results))
 
 
-GateSpecParams = tuple[str, GateParams, dict]  # (suite name, params, domain targets) sent with each batch
 _GATES: dict[str, Gate] = {}
 
 
