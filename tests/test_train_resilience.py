@@ -202,11 +202,13 @@ def test_smoke_runs_never_share_checkpoints_or_runs_with_real_runs(make_cfg, tmp
 # --------------------------------------------------------------------------- only finite state
 
 
-@pytest.mark.parametrize("value,message", [("inf", "finite number"), (".nan", "finite number"),
-                                           ("1e39", "less than or equal to 1")])
-def test_non_finite_or_absurd_lr_is_refused_by_validation(value, message):
-    with pytest.raises(ConfigError, match=rf"invalid value for 'train.lr' \(peak learning rate.*{message}"):
-        load_config(None, [f"train.lr={value}"])
+@pytest.mark.parametrize("key,value,message", [("lr", "inf", "finite number"), ("lr", ".nan", "finite number"),
+                                               ("lr", "1e39", "less than or equal to 1"),
+                                               ("adam_betas", "[0.9, 1.0]", r"each beta must be in \[0, 1\)"),
+                                               ("grad_clip", ".inf", "finite number")])
+def test_non_finite_or_absurd_hyperparameters_are_refused_by_validation(key, value, message):
+    with pytest.raises(ConfigError, match=rf"invalid value for 'train.{key}'.*{message}.*Fix: set `train.{key}`"):
+        load_config(None, [f"train.{key}={value}"])
 
 
 def test_weights_blown_up_by_a_step_stop_the_run_before_any_checkpoint_holds_them(make_cfg, tmp_path):
@@ -252,7 +254,8 @@ def test_all_corrupt_checkpoints_are_refused_moved_aside_and_their_run_failed(ma
     with pytest.raises(CorruptCheckpoints, match=r"none of the 2 checkpoints.*step-00000004: .*sha256") as err:
         train(make_cfg("bad"))
     assert err.value.exit_code != 0 and not list_tags(folder)
-    assert sorted(p.name.split("-2")[0] for p in (folder / "corrupt").iterdir()) == ["step-00000002", "step-00000004"]
+    moved = sorted(p.name[: len(tag_for(0))] for p in (folder / "corrupt").iterdir())
+    assert moved == [tag_for(2), tag_for(4)]  # set aside with a timestamp, never deleted
     failed = mlflow_run(run_id)
     assert failed.info.status == "FAILED" and "none of the 2 checkpoints" in failed.data.tags[Tag.FAILURE_REASON]
     result, _ = run(make_cfg("bad", **{"train.checkpoint.resume": "none"}))

@@ -100,7 +100,7 @@ class TrainConfig(Section):
     lr_schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="decay after warmup")
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="final lr as a fraction of the peak")
     weight_decay: float = Field(0.0, ge=0)
-    adam_betas: tuple[float, float] = Field((0.9, 0.999))
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW moment decay rates, each in [0, 1)")
     adam_eps: float = Field(1e-8, gt=0)
     warmup_steps: int = Field(10, ge=0)
     max_steps: int = Field(100, ge=1)
@@ -126,6 +126,14 @@ class TrainConfig(Section):
         30.0, ge=1, description="rank 0 stamps the run's heartbeat tag this often (the reaper's sign of life)"
     )
     debug: DebugSection = Field(default_factory=DebugSection)
+
+    @field_validator("adam_betas")
+    @classmethod
+    def _betas_in_range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in value):
+            raise ValueError("each beta must be in [0, 1) (at 1 or above AdamW's bias correction divides by zero "
+                             "or flips sign); typical values are 0.9 and 0.999")
+        return value
 
     def batch_layout(self, world_size: int) -> tuple[int, int, int]:
         """(micro_batch_size, grad_accum, global_batch) at a world size; ConfigError when they don't divide."""
