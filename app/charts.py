@@ -23,8 +23,9 @@ def scores(rows: list[dict], order: list[str], title: str):
     interval = base.mark_rule(strokeWidth=3, opacity=0.55).encode(
         x=alt.X("lo:Q", title="score (interval: ± z·stderr)", scale=alt.Scale(domain=[0, 1])), x2="hi:Q")
     point = base.mark_point(filled=True, size=70, opacity=1).encode(x="value:Q")
-    units = frame["unit"].nunique() if len(frame) else 1
-    return (interval + point).properties(height=max(160, units * 16 * len(order) + 40))
+    # A fixed step per model inside each unit's band: the chart grows with its rows. (A fixed pixel height
+    # collapses the bands when the y field has an offset.)
+    return (interval + point).properties(height=alt.Step(13))
 
 
 def curves(rows: list[dict], order: list[str], metric: str, title: str):

@@ -8,6 +8,7 @@ here rather than an error page in a browser.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -56,6 +57,7 @@ def preflight() -> dict[str, str]:
 
 def _check_port_free(cfg) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will: TIME_WAIT is no conflict
         try:
             sock.bind((cfg.address if cfg.address not in ("", "::") else "0.0.0.0", cfg.port))
         except OSError as err:
@@ -72,17 +74,24 @@ def serve_app(cfg, *, echo=typer.echo) -> int:
     echo(f"Release-approval app: {app_url(cfg)}\n  tracking:   {where['tracking']}\n  ledger:     "
          f"{where['ledger']}\n  identities: {where['identities']}")
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, SETTINGS_ENV: cfg.model_dump_json(), "PYTHONPATH": path}
+    env = {**os.environ, SETTINGS_ENV: cfg.model_dump_json(), "PYTHONPATH": path,
+           "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
     proc = subprocess.Popen(streamlit_command(cfg), env=env)
+    # Stopping this process (Ctrl-C, SIGTERM from a supervisor) stops the app with it, never leaving it behind.
+    forward = lambda signum, _frame: proc.send_signal(signum)  # noqa: E731
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         return proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        try:
-            return proc.wait(timeout=10) and 0
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def resolve_settings(config: Path | None, overrides: list[str] | None, **flags):

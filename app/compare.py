@@ -10,6 +10,7 @@ import math
 
 PASS_AT = 0.5  # a sample passes when its primary metric is at least this (exactly pass/fail for 0/1 metrics)
 CURVES = ("loss", "val_loss", "tokens_per_s")
+MARKDOWN_SPECIAL = set("\\`*_{}[]()<>#+-.!|~$:")
 
 
 def default_z() -> float:
@@ -114,3 +115,16 @@ def earlier_champions(entries: list, exclude: set[str]) -> list[str]:
 def curve_rows(label: str, histories: dict[str, list[tuple[int, float]]]) -> list[dict]:
     return [{"model": label, "metric": key, "step": step, "value": value}
             for key, points in histories.items() for step, value in points]
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """Rows as a Markdown table whose cells wrap (long prompts and outputs stay readable side by side). Model
+    output is escaped: it is shown as text, never interpreted as Markdown or HTML."""
+    def cell(value) -> str:
+        text = f"{value:.2f}" if isinstance(value, float) else " ".join(str(value).split())
+        return "".join(f"\\{ch}" if ch in MARKDOWN_SPECIAL else ch for ch in text[:600]) or " "
+
+    header = list(rows[0])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(r.get(k, "")) for k in header) + " |" for r in rows]
+    return "\n".join(lines)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 NAV = {
     "Review": [("models", "Models", ":material/inventory_2:"), ("version", "Version", ":material/account_tree:"),
                ("compare", "Compare", ":material/compare_arrows:")],
@@ -38,6 +40,7 @@ def run() -> None:
     from app import auth, ui
     from app.config import settings
 
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # reads would fill the log with bars
     st.set_page_config(page_title="Releases · mlops-llm", page_icon=":material/verified:", layout="wide")
     identity = None
     with ui.guard("Login"):

@@ -178,3 +178,39 @@ def seed_release(hf_dir: Path, tmp: Path, model: str = "bot") -> dict:
     request(who["alice"], model, "3", "production", "my sweep winner")
     request(who["tina"], model, "4", "production", "faster, please check")
     return {"who": who, "model": model, "evals": evals}
+
+
+# --------------------------------------------------------------------------- driving the app in tests
+
+
+def app_test(timeout: float = 120):
+    """An AppTest of the whole app (the entry script, its navigation and pages)."""
+    from streamlit.testing.v1 import AppTest
+
+    entry = Path(__file__).resolve().parent / "web" / "main.py"
+    return AppTest.from_file(str(entry), default_timeout=timeout)
+
+
+def log_in(at, name: str, password: str):
+    """Fill the login form and submit it; returns the AppTest after the run."""
+    at.run()
+    at.text_input(key="login_user").input(name)
+    at.text_input(key="login_password").input(password)
+    return at.button(key="login_submit").click().run()
+
+
+def open_page(at, page: str, **params):
+    """Switch to one of the app's pages (models, version, compare, approvals, release, ledger) and run it."""
+    from app.ui import PAGES
+
+    at.query_params.clear()
+    at.query_params.update({k: str(v) for k, v in params.items()})
+    return at.switch_page(PAGES[page]).run()
+
+
+def request_key(model: str, version: str) -> str:
+    """The widget-key suffix of a pending request on the Approvals page."""
+    from registry.audit import model_state
+
+    req = [r for r in model_state(model).pending() if r.version == str(version)][-1]
+    return f"{model}-{version}-{req.seq}"

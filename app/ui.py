@@ -12,10 +12,11 @@ log = logging.getLogger("mlops.app")
 
 WEB = Path(__file__).resolve().parent / "web"
 PAGES = {  # page name -> script, relative to the entry script (what st.Page and st.page_link take)
-    "models": "pages/models.py", "version": "pages/version.py", "compare": "pages/compare.py",
-    "approvals": "pages/approvals.py", "release": "pages/release.py", "ledger": "pages/ledger.py",
+    "models": "views/models.py", "version": "views/version.py", "compare": "views/compare.py",
+    "approvals": "views/approvals.py", "release": "views/release.py", "ledger": "views/ledger.py",
 }
 FLASH_KEY = "mlops_flash"
+OK, BAD = ":green[:material/check_circle:]", ":red[:material/cancel:]"  # icons from Streamlit's own font
 
 
 def plain(err: BaseException) -> str:
@@ -125,7 +126,9 @@ def run_ref(run_id: str | None, experiment_id: str | None = None) -> str:
     base = mlflow_ui()
     if base and experiment_id:
         return f"[`{run_id[:12]}`]({base}/#/experiments/{experiment_id}/runs/{run_id})"
-    return f"`{run_id}`"
+    if base:
+        return f"[`{run_id[:12]}`]({base}/#/runs/{run_id})"
+    return f"`{run_id[:12]}`"
 
 
 def link_version(model: str, version: str, label: str | None = None, page: str = "version") -> None:

@@ -1,6 +1,5 @@
 """Ledger: the chain's verification, what was in production at time T, and the timeline with its evidence."""
 
-import datetime as dt
 import json
 
 import pandas as pd
@@ -12,7 +11,7 @@ st.title("Ledger")
 store = ui.store()
 names = data.model_names(store)
 ALL = "all models"
-model = ui.pick("Model", [ALL, *names], key="ledger_model", param="model")
+model = ui.pick("Model", [ALL, *names], key="ledger_model", param="model", default=names[0] if names else ALL)
 scope = None if model == ALL else model
 
 # --------------------------------------------------------------------------- verification
@@ -46,16 +45,13 @@ rows = [e.as_dict() for e in data.entries(store, scope)]
 # --------------------------------------------------------------------------- production at time T
 if scope:
     st.subheader("Production at time T")
-    c1, c2 = st.columns(2)
-    now = dt.datetime.now(dt.UTC)
-    day = c1.date_input("Date (UTC)", value=now.date(), key="at_date")
-    moment = c2.time_input("Time (UTC)", value=now.time().replace(microsecond=0), key="at_time", step=60)
-    at = dt.datetime.combine(day, moment, tzinfo=dt.UTC).isoformat()
+    at = st.text_input("Time T (ISO, UTC unless it names an offset; empty = now)", key="at_time",
+                       placeholder="2026-11-30T18:00:00Z").strip() or None
     with ui.guard("History"):
         then = data.history_at(store, scope, at)
         held = then["aliases"].get("production")
         last = next((m for m in reversed(then["moves"]) if m["alias"] == "production"), None)
-        st.markdown(f"At {ui.ts(then['at'])}: **@production → {f'v{held}' if held else 'nobody'}**"
+        st.markdown(f"At {ui.ts(then['at']) if then['at'] else 'this moment'}: **@production → {f'v{held}' if held else 'nobody'}**"
                     + (f", since entry #{last['seq']} ({last['action']} by {last['actor']} at {ui.ts(last['ts'])})."
                        if last and held else "."))
         chart = charts.production_timeline([r for r in rows if r["alias"]], f"@production of {scope}")

@@ -22,7 +22,7 @@ if not versions:
 champion = state.aliases.get("production")
 pending = [r.version for r in state.pending() if r.to_stage == "production"]
 candidates = [v for v in versions if v != champion]
-default = (pending[-1] if pending else None) or next((v for v in candidates if state.stage_of(v) == "candidate"),
+default = (pending[0] if pending else None) or next((v for v in candidates if state.stage_of(v) == "candidate"),
                                                      None)
 left, right = st.columns([1, 2])
 with left:
@@ -60,8 +60,8 @@ st.caption(f"Points are scores, bars their intervals (± {z:g} stderr, the gate'
 for group, title in (("general task", "General tasks"), ("business dimension", "Business dimensions")):
     mine = [r for r in rows if r["group"] == group]
     if mine:
-        st.altair_chart(charts.scores(mine, [o for o in order if any(r["model"] == o for r in mine)], title),
-                        width="stretch")
+        shown = [o for o in order if any(r["model"] == o for r in mine)]
+        st.altair_chart(charts.scores(mine, shown, title), width="stretch")
 
 st.subheader("Gate")
 with ui.guard("Gate"):
@@ -76,7 +76,8 @@ with ui.guard("Gate"):
                     f"`{report.get('challenger')}` vs `{report.get('champion') or 'floors'}`")
         if eval_gate and not eval_gate["ok"]:
             st.error(f"Release gate: {eval_gate['detail']}")
-        st.dataframe(pd.DataFrame(cmp.check_rows(report)), hide_index=True, width="stretch",
+        checks = cmp.check_rows(report)
+        st.dataframe(pd.DataFrame(checks), hide_index=True, width="stretch", height=38 + 35 * max(1, len(checks)),
                      column_config={"reason": st.column_config.TextColumn(width="large")})
 
 # --------------------------------------------------------------------------- samples
@@ -98,9 +99,7 @@ else:
                 st.markdown(f"**{title}** by v{challenger} on `{task}`: {len(found)}"
                             + (f" (first {limit} shown)" if len(found) > limit else ""))
                 if found:
-                    st.dataframe(pd.DataFrame(found[:limit]), hide_index=True, width="stretch",
-                                 column_config={c: st.column_config.TextColumn(width="medium") for c in
-                                                ("prompt", "reference", "champion output", "challenger output")})
+                    st.markdown(cmp.markdown_table(found[:limit]))
 
 # --------------------------------------------------------------------------- training curves
 st.subheader("Training curves")

@@ -25,7 +25,7 @@ for model, req in sorted(queue, key=lambda item: item[1].ts):
         gates = []
         with ui.guard("Gates"):
             gates = data.gate_results(store, model, req.version, state.last_seq)
-            st.markdown("  \n".join(f"{':white_check_mark:' if g['ok'] else ':x:'} **{g['gate']}**: "
+            st.markdown("  \n".join(f"{ui.OK if g['ok'] else ui.BAD} **{g['gate']}**: "
                                     f"{lineage.gate_row(g)['result']}: {g['detail']}" for g in gates))
         left, right = st.columns(2)
         left.page_link(ui.PAGES["version"], label="Lineage and evidence", icon=":material/account_tree:",

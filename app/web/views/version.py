@@ -48,18 +48,22 @@ eval_run = None
 with ui.guard("Evidence"):
     eval_run = data.eval_run_of(store, model, version)
 report = data.gate_report(store, tags.get(Tag.MODEL_ID, "")) if vs else None
-chain = [("data snapshot", tags.get(Tag.SNAPSHOT_ID), data_run), ("training run", info["run_id"], info["run_id"]),
-         ("checkpoint", f"step {checkpoint[1].split('/')[-2] if checkpoint else '?'}",
+chain = [("data snapshot", tags.get(Tag.SNAPSHOT_ID), data_run),
+         ("training run", (run or {}).get("name") or "", info["run_id"]),
+         ("checkpoint", checkpoint[1].split("/")[-2] if checkpoint else "not recorded",
           checkpoint[0] if checkpoint else None), ("model version", f"v{version}", None),
-         ("eval run", eval_run, eval_run), ("gate run", (report or {}).get("result"), (report or {}).get("run_id"))]
+         ("eval run", "results stored" if eval_run else "none", eval_run),
+         ("gate run", (report or {}).get("result") or "none", (report or {}).get("run_id"))]
 for col, (what, label, run_id) in zip(st.columns(len(chain)), chain, strict=True):
-    col.markdown(f"**{what}**  \n{label or '—'}  \n{ui.run_ref(run_id) if run_id else ''}")
+    col.markdown(f"**{what}** {'→' if what != 'gate run' else ''}  \n{label or '—'}  \n"
+                 f"{ui.run_ref(run_id) if run_id else ''}")
 
 tab_train, tab_data, tab_ckpt, tab_profile, tab_sweep = st.tabs(
     ["Training run", "Data snapshot", "Checkpoint", "Deployment profile", "Sweep trial"])
 with tab_train, ui.guard("Training run"):
     st.markdown(f"Run {ui.run_ref(info['run_id'], run and run['experiment_id'])}")
-    st.table(pd.DataFrame(lineage.training_facts(tags, run), columns=["", "value"]).set_index(""))
+    st.markdown("| | |\n|---|---|\n" + "\n".join(f"| {k} | {str(v).replace('|', '/')} |"
+                                                  for k, v in lineage.training_facts(tags, run)))
     resolved = data.run_text(store, info["run_id"], "config/resolved.yaml") if info["run_id"] else None
     with st.expander("Resolved config"):
         st.code(resolved or "the run stored no config/resolved.yaml", language="yaml")
@@ -100,11 +104,11 @@ with tab_profile, ui.guard("Deployment profile"):
         st.markdown("**System prompt**")
         st.code(profile.get("system_prompt") or "(none)", language=None, wrap_lines=True)
         st.markdown("**Sampling**")
-        st.table(pd.DataFrame([profile.get("sampling") or {}]))
+        st.dataframe(pd.DataFrame([profile.get("sampling") or {}]), hide_index=True)
 with tab_sweep:
     trial = lineage.sweep_trial(tags)
     if trial:
-        st.table(pd.DataFrame([trial]))
+        st.dataframe(pd.DataFrame([trial]), hide_index=True)
     else:
         st.caption("Not trained by a sweep trial.")
 
@@ -114,7 +118,11 @@ gates = []
 with ui.guard("Gates"):
     if vs:
         gates = data.gate_results(store, model, version, state.last_seq)
-        st.dataframe(pd.DataFrame([lineage.gate_row(g) for g in gates]), hide_index=True, width="stretch")
+        for g in gates:
+            row = lineage.gate_row(g)
+            st.markdown(f"{ui.OK if g['ok'] else ui.BAD} **{g['gate']}**: {row['result']}: {g['detail']}")
+            if row["evidence"]:
+                st.caption(f"evidence: {row['evidence']}")
     else:
         st.info("Gates are evaluated only for versions registered through the registry.")
 if vs:
