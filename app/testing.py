@@ -106,8 +106,10 @@ def gate_run(model: str, version: str, eval_run_id: str, *, champion: tuple[str,
     report = compare(load_run_json(eval_run_id, "eval/summary.json"),
                      load_run_json(champion[1], "eval/summary.json") if champion else None, GateConfig(),
                      challenger_label=mine.ref, champion_label=theirs.ref if theirs else "none")
-    who = (lambda d, run: {"ref": d.ref, "name": d.name, "version": d.version, "content_id": d.content_id,
-                           "eval_run_id": run})
+
+    def who(d, run: str) -> dict:
+        return {"ref": d.ref, "name": d.name, "version": d.version, "content_id": d.content_id, "eval_run_id": run}
+
     report.settings["evidence"] = {"challenger": who(mine, eval_run_id),
                                    "champion": who(theirs, champion[1]) if champion else None, "history": [],
                                    "suites": [], "limit": str(LIMIT)}

@@ -8,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from app import actions, data, ui
+from app.compare import earlier_champions
 from mlops.lineage import Tag
 from registry.permissions import may_promote, may_rollback
 
@@ -78,22 +79,31 @@ with rollback_tab:
     current = loaded["production"]
     auto = may_rollback(me, state, expect_version=current or "none")
     default = auto.plan.entries[0]["version"] if auto.ok else None
-    targets = [v for v in versions if v != current]
-    target = ui.pick("Roll back to", targets, key="rollback_to", default=default,
-                     fmt=lambda v: ui.version_label(state, v) + (" · the previous champion" if v == default else ""))
-    permission = may_rollback(me, state, to_version=target, expect_version=current or "none")
-    st.text_input("Reason (required, goes into the ledger and onto the rolled-back version)", key="rollback_reason")
-    st.markdown("**What will change**")
-    if permission.ok:
-        preview(permission.plan, serving=True)
-        st.caption("When you confirm, the target's files are hashed and checked against its registered content "
-                   "id and checkpoint manifest first; altered or missing files refuse the rollback.")
+    # Offered targets are the earlier champions (the registry's own choice first); the registry decides.
+    targets = earlier_champions(data.entries(store, model), {current or ""})
+    if default and default in targets:
+        targets.remove(default)
+    targets = [default, *targets] if default else targets
+    if not targets:
+        st.error(f"Not possible: {auto.reason}")
     else:
-        st.error(f"Not possible: {permission.reason}")
-    confirm = st.checkbox("I have checked what will change", key="rollback_confirm", disabled=not permission.ok)
-    st.button(f"Roll back to v{target}" if target else "Roll back", key="rollback_button", type="primary",
-              disabled=not (permission.ok and confirm), help=permission.reason or None, on_click=actions.rollback,
-              args=(model, target, current, "rollback_reason", "rollback_confirm"))
+        target = ui.pick("Roll back to", targets, key="rollback_to", default=default,
+                         fmt=lambda v: ui.version_label(state, v) + (" · the previous champion" if v == default
+                                                                      else " · an earlier champion"))
+        permission = may_rollback(me, state, to_version=target, expect_version=current or "none")
+        st.text_input("Reason (required, goes into the ledger and onto the rolled-back version)",
+                      key="rollback_reason")
+        st.markdown("**What will change**")
+        if permission.ok:
+            preview(permission.plan, serving=True)
+            st.caption("When you confirm, the target's files are hashed and checked against its registered content "
+                       "id and checkpoint manifest first; altered or missing files refuse the rollback.")
+        else:
+            st.error(f"Not possible: {permission.reason}")
+        confirm = st.checkbox("I have checked what will change", key="rollback_confirm", disabled=not permission.ok)
+        st.button(f"Roll back to v{target}", key="rollback_button", type="primary",
+                  disabled=not (permission.ok and confirm), help=permission.reason or None,
+                  on_click=actions.rollback, args=(model, target, current, "rollback_reason", "rollback_confirm"))
 
 result = st.session_state.get(actions.RESULT_KEY)
 if result and result["entry"]["model"] == model and result["entry"]["action"] in ("promote", "rollback"):
