@@ -45,8 +45,8 @@ def preflight() -> dict[str, str]:
     from registry.ledger import engine, ledger_url
 
     uri = tracking_uri()
+    ledger = ledger_url()  # a configuration error (a server URI without a ledger database) before any network
     check_tracking_uri(uri)
-    ledger = ledger_url()
     engine(ledger)  # creates the ledger tables, or says why the database cannot be used
     path = identities_path()
     if not list_users(path):
@@ -68,14 +68,16 @@ def _check_port_free(cfg) -> None:
 def serve_app(cfg, *, echo=typer.echo) -> int:
     """Run the app in the foreground until it stops (Ctrl-C stops it); returns its exit status."""
     from app.config import SETTINGS_ENV
+    from mlops.tracking import tracking_uri
 
     where = preflight()
     _check_port_free(cfg)
     echo(f"Release-approval app: {app_url(cfg)}\n  tracking:   {where['tracking']}\n  ledger:     "
          f"{where['ledger']}\n  identities: {where['identities']}")
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    # The app and every MLflow call in it use the store checked above, whatever the child's working directory.
     env = {**os.environ, SETTINGS_ENV: cfg.model_dump_json(), "PYTHONPATH": path,
-           "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+           "MLFLOW_TRACKING_URI": tracking_uri(), "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
     proc = subprocess.Popen(streamlit_command(cfg), env=env)
     # Stopping this process (Ctrl-C, SIGTERM from a supervisor) stops the app with it, never leaving it behind.
     forward = lambda signum, _frame: proc.send_signal(signum)  # noqa: E731

@@ -45,14 +45,15 @@ def run() -> None:
     identity = None
     with ui.guard("Login"):
         identity = auth.current(settings().session_timeout_min)
+    pages = {section: [st.Page(ui.PAGES[name], title=title, icon=icon, default=name == "models")
+                       for name, title, icon in items] for section, items in NAV.items()}
     if identity is None:
-        st.navigation([st.Page(auth.login_page, title="Log in", url_path="login", default=True)],
-                      position="hidden").run()
+        # Every page stays registered (an address like /approvals is kept for after the login) but none runs.
+        st.navigation(pages, position="hidden")
+        auth.login_page()
         return
     st.session_state["mlops_actor"] = identity
     _sidebar(identity)
-    pages = {section: [st.Page(ui.PAGES[name], title=title, icon=icon, default=name == "models")
-                       for name, title, icon in items] for section, items in NAV.items()}
     page = st.navigation(pages)
     ui.show_flash()
     with ui.guard(page.title):

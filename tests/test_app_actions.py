@@ -178,6 +178,7 @@ def test_rollback_previews_and_moves_production_back_marking_the_version_rolled_
     approve_v2_outside_the_app()
     promote(who("bob"), "bot", "2", "production", expect_version="1")
     at = page("alice", "release", model="bot")
+    at = at.button_group(key="release_action").set_value("Rollback").run()
     assert at.selectbox(key="rollback_to").value == "1"  # the previous champion, from the ledger
     assert any("**@production**: v2 → **v1**" in m and "v2: production → **rolled_back**" in m
                for m in texts(at, "markdown"))
@@ -198,6 +199,7 @@ def test_rollback_previews_and_moves_production_back_marking_the_version_rolled_
 
 def test_rollback_with_no_earlier_champion_is_shown_as_not_possible(app_store):
     at = page("alice", "release", model="bot")
+    at = at.button_group(key="release_action").set_value("Rollback").run()
     assert not [b for b in at.button if b.key == "rollback_button"]  # no target is offered
     assert any("no earlier production version to roll back to" in e for e in texts(at, "error"))
 
@@ -215,3 +217,23 @@ def test_a_ledger_database_outage_during_an_action_is_reported_and_changes_nothi
     assert ledger() == before and [r.version for r in state().pending()] == ["2", "3", "4"]
     at = open_page(at, "approvals")
     assert not at.exception and not at.button(key=f"approve-{key}").disabled  # usable again
+
+
+def test_a_rollback_in_a_fresh_process_reads_the_configured_store_not_the_working_directory(app_store, tmp_path):
+    """The app server is such a process: a version's `models:/m-...` source must resolve in the project's store."""
+    import os
+    import subprocess
+    import sys
+
+    from registry.release import promote
+
+    approve_v2_outside_the_app()
+    promote(who("bob"), "bot", "2", "production", expect_version="1")
+    code = ("from mlops.identities import Identity\nfrom registry.release import rollback\n"
+            "print(rollback(Identity('alice', 'approver'), 'bot', 'checked in a fresh process').version)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**env, "MLOPS_HOME": str(app_store)},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "1" and aliases() == {"production": "1"}
+    assert not (tmp_path / "mlflow.db").exists()

