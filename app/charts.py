@@ -54,7 +54,8 @@ def production_timeline(moves: list[dict], title: str):
     if frame.empty:
         return None
     frame["time"] = pd.to_datetime(frame["time"])
-    return alt.Chart(frame, title=title).mark_line(interpolate="step-after", point=True).encode(
-        x=alt.X("time:T", title="UTC"), y=alt.Y("version:N", title="@production", sort="ascending"),
+    return alt.Chart(frame, title=alt.TitleParams(title, anchor="start", offset=12)).mark_line(
+        interpolate="step-after", point=True).encode(
+        x=alt.X("time:T", title="UTC"), y=alt.Y("version:N", title="@production", sort="descending"),
         tooltip=["time:T", "version", "action", "who"],
-    ).properties(height=160)
+    ).properties(height=alt.Step(28))
