@@ -10,7 +10,6 @@ import math
 
 PASS_AT = 0.5  # a sample passes when its primary metric is at least this (exactly pass/fail for 0/1 metrics)
 CURVES = ("loss", "val_loss", "tokens_per_s")
-MARKDOWN_SPECIAL = set("\\`*_{}[]()<>#+-.!|~$:")
 
 
 def default_z() -> float:
@@ -120,9 +119,10 @@ def curve_rows(label: str, histories: dict[str, list[tuple[int, float]]]) -> lis
 def markdown_table(rows: list[dict]) -> str:
     """Rows as a Markdown table whose cells wrap (long prompts and outputs stay readable side by side). Model
     output is escaped: it is shown as text, never interpreted as Markdown or HTML."""
+    from app.ui import md
+
     def cell(value) -> str:
-        text = f"{value:.2f}" if isinstance(value, float) else " ".join(str(value).split())
-        return "".join(f"\\{ch}" if ch in MARKDOWN_SPECIAL else ch for ch in text[:600]) or " "
+        return md(f"{value:.2f}" if isinstance(value, float) else str(value)[:600]) or " "
 
     header = list(rows[0])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

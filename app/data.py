@@ -91,11 +91,17 @@ def model_names(store: str) -> list[str]:
 @_cached
 def overview(store: str) -> list[dict]:
     """One row per model: production and staging versions, pending approvals, the latest ledger events."""
+    from registry.ledger import Entry
+    from registry.state import replay
+
     registered = registered_models(store)
+    by_model: dict[str, list] = {}
+    for row in ledger_rows(store):  # one pass over the ledger, not one per model
+        by_model.setdefault(row["model"], []).append(Entry(**row))
     rows = []
-    for name in model_names(store):
-        state = model_state(store, name)
-        events = [e for e in entries(store, name)][-3:]
+    for name in sorted(set(by_model) | set(registered)):
+        events = by_model.get(name, [])
+        state = replay(name, events)
         rows.append({
             "model": name, "governed": bool(state.versions),
             "production": state.aliases.get("production"), "staging": state.aliases.get("staging"),
@@ -104,9 +110,9 @@ def overview(store: str) -> list[dict]:
             "pending": len(state.pending()),
             "pending_versions": ", ".join(f"v{r.version}→{r.to_stage}" for r in state.pending()),
             "latest_events": [f"#{e.seq} {e.ts[:16].replace('T', ' ')} {e.actor} {e.action} v{e.version or '-'}"
-                              for e in reversed(events)],
-            "last_ts": events[-1].ts if events else None,
-            "mlflow_aliases": registered.get(name, {}).get("aliases", {}),
+                              for e in reversed(events[-3:])],
+            "mlflow_aliases": {a: v for a, v in registered.get(name, {}).get("aliases", {}).items()
+                               if a in ("production", "staging")},
         })
     return rows
 

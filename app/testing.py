@@ -85,7 +85,6 @@ def eval_run(model: str, version: str, *, improve: float = 0.0, regress: float =
                                                              "returns_mc", "ratio": 0.5, "prompt": "How many days"}
                                                             for i in offending]}
     tracker.log_dict(contamination, "eval/contamination.json")
-    tracker.log_metrics({f"{s.name}/{s.metric}": s.value for s in scores}, step=0)
     tracker.close()
     set_version_tags(desc, {Tag.EVAL_RUN: tracker.run_id})
     return tracker.run_id

@@ -19,6 +19,16 @@ FLASH_KEY = "mlops_flash"
 OK, BAD = ":green[:material/check_circle:]", ":red[:material/cancel:]"  # icons from Streamlit's own font
 
 
+MARKDOWN_SPECIAL = set("\\`*_{}[]()<>#+-.!|~$:")
+
+
+def md(value) -> str:
+    """Text typed by a person or produced by a model, made safe to put inside Markdown: shown as written, never
+    read as a link, an image, emphasis, a colour directive or a formula."""
+    text = " ".join(str("" if value is None else value).split())
+    return "".join(f"\\{ch}" if ch in MARKDOWN_SPECIAL else ch for ch in text)
+
+
 def plain(err: BaseException) -> str:
     """An error in plain words: the registry's own message, or the kind of failure and its first line."""
     if isinstance(err, MLOpsError):

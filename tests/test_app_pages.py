@@ -87,7 +87,7 @@ def test_version_page_shows_lineage_gates_with_reasons_and_contamination(app_sto
     assert "bot v4" in [h.value for h in at.header]
     for expected in ("cfg4", "tiny (bm-test)", "img:1 (immutable)", "c0ffee (clean tree)", "snap-test",
                      "step-00000010", "**eval**: FAILED", "billing regressed", "**contamination**: FAILED",
-                     "rr-mc-03", "**lineage**: passed", "2 batches gated by GE, 1 quarantined"):
+                     "**lineage**: passed", "2 batches gated by GE, 1 quarantined"):
         assert expected in shown, expected
     batches = at.dataframe[0].value
     assert list(batches["status"]) == ["passed", "quarantined"]
@@ -185,3 +185,46 @@ def test_a_page_asked_for_before_logging_in_shows_only_the_login_form(app_store)
     at.text_input(key="login_password").input(PASSWORDS["alice"])
     at = at.button(key="login_submit").click().run()
     assert at.title[0].value == "Approvals"  # where the address pointed
+
+
+def test_a_model_registered_outside_the_registry_is_listed_as_ungoverned(app_store):
+    from mlops.model_refs import client
+
+    c = client()
+    source = c.get_model_version("bot", "1").source
+    c.create_registered_model("legacy")
+    c.create_model_version("legacy", source, run_id=c.get_model_version("bot", "1").run_id)
+    at = logged_in("vic")
+    table = at.dataframe[0].value
+    assert table[table["model"] == "legacy"].iloc[0]["governed"] == "no: not in the ledger"
+    assert any("legacy" in w and "no rule or ledger covers them" in w for w in texts(at, "warning"))
+    at = open_page(at, "version", model="legacy", version="1")
+    assert not at.exception
+    assert any("registered in MLflow directly, not through the registry" in w for w in texts(at, "warning"))
+
+
+def test_an_alias_moved_behind_the_registrys_back_is_flagged_on_every_page_that_shows_it(app_store):
+    from mlops.model_refs import client
+
+    client().set_registered_model_alias("bot", "production", "4")  # MLflow UI's pencil icon
+    at = logged_in("vic")
+    assert any("differ from the ledger" in w for w in texts(at, "warning"))
+    at = open_page(at, "release", model="bot")
+    assert any("moved them outside the registry" in w for w in texts(at, "warning"))
+    at = open_page(at, "ledger", model="bot")
+    assert any("@production points to 4 in MLflow but the ledger says 1" in e for e in texts(at, "error"))
+
+
+def test_text_people_typed_is_shown_as_text_not_rendered_as_markdown(app_store):
+    from mlops.identities import Identity
+    from registry.release import decide
+
+    decide(Identity("bob", "approver"), "bot", "4", "ok", approve=False)
+    from registry.release import request
+
+    request(Identity("tina", "trainer"), "bot", "4", "production", "![pixel](http://tracker.example/p.png) "
+            "[click](http://evil.example) :red[URGENT]")
+    at = open_page(logged_in("vic"), "approvals")
+    shown = "\n".join(texts(at, "markdown"))
+    assert "\\!\\[pixel\\]\\(http\\://tracker" in shown and "\\:red\\[URGENT\\]" in shown
+    assert "![pixel](" not in shown and "[click](http" not in shown

@@ -19,14 +19,14 @@ for model, req in sorted(queue, key=lambda item: item[1].ts):
     key = f"{model}-{req.version}-{req.seq}"
     with st.container(border=True):
         st.markdown(f"#### {model} v{req.version} → {req.to_stage}")
-        st.markdown(f"Requested by **{req.requester}** at {ui.ts(req.ts)}: {req.comment}  \n"
+        st.markdown(f"Requested by **{req.requester}** at {ui.ts(req.ts)}: {ui.md(req.comment)}  \n"
                     f"Trained by **{state.versions[req.version].trainer or 'unknown'}**, registered by "
                     f"**{state.versions[req.version].registered_by}** · now {state.stage_of(req.version)}")
         gates = []
         with ui.guard("Gates"):
             gates = data.gate_results(store, model, req.version, state.last_seq)
             st.markdown("  \n".join(f"{ui.OK if g['ok'] else ui.BAD} **{g['gate']}**: "
-                                    f"{lineage.gate_row(g)['result']}: {g['detail']}" for g in gates))
+                                    f"{ui.md(lineage.gate_row(g)['result'])}: {ui.md(g['detail'])}" for g in gates))
         left, right = st.columns(2)
         left.page_link(ui.PAGES["version"], label="Lineage and evidence", icon=":material/account_tree:",
                        query_params={"model": model, "version": req.version})

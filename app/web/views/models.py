@@ -46,9 +46,10 @@ with left:
             ui.link_version(model, row[alias], f"@{alias}: v{row[alias]}")
         else:
             st.caption(f"@{alias}: nobody")
-    if row["mlflow_aliases"] != {k: v for k, v in (("production", row["production"]),
-                                                    ("staging", row["staging"])) if v} and row["governed"]:
-        st.warning("MLflow's aliases differ from the ledger (see Ledger → verification).")
+    ledger_says = {k: row[k] for k in ("production", "staging") if row[k]}
+    if row["governed"] and row["mlflow_aliases"] != ledger_says:
+        st.warning(f"MLflow's aliases {row['mlflow_aliases'] or 'none'} differ from the ledger's {ledger_says or 'none'}"
+                   ": they were moved outside the registry (Ledger shows the drift; an admin reconciles it).")
 with right:
     st.markdown("**Latest ledger events**")
     for line in row["latest_events"] or ["none"]:

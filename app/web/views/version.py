@@ -36,9 +36,9 @@ if vs is None:
     st.warning("This version was registered in MLflow directly, not through the registry: no ledger entry, no "
                "gates, no approvals cover it. Register it with `mlops registry register`.")
 if vs and vs.stage == "rolled_back":
-    st.error(f"Rolled back: {vs.stage_reason}")
+    st.error(f"Rolled back: {ui.md(vs.stage_reason)}")
 for o in vs.overrides if vs else []:
-    st.warning(f"Gate override ({o['gate']}) by {o['by']} at {ui.ts(o['ts'])}: {o['reason']}")
+    st.warning(f"Gate override ({o['gate']}) by {o['by']} at {ui.ts(o['ts'])}: {ui.md(o['reason'])}")
 
 # --------------------------------------------------------------------------- lineage chain
 st.subheader("Lineage")
@@ -120,9 +120,10 @@ with ui.guard("Gates"):
         gates = data.gate_results(store, model, version, state.last_seq)
         for g in gates:
             row = lineage.gate_row(g)
-            st.markdown(f"{ui.OK if g['ok'] else ui.BAD} **{g['gate']}**: {row['result']}: {g['detail']}")
+            st.markdown(f"{ui.OK if g['ok'] else ui.BAD} **{g['gate']}**: {ui.md(row['result'])}: "
+                        f"{ui.md(g['detail'])}")
             if row["evidence"]:
-                st.caption(f"evidence: {row['evidence']}")
+                st.caption(f"evidence: {ui.md(row['evidence'])}")
     else:
         st.info("Gates are evaluated only for versions registered through the registry.")
 if vs:
