@@ -134,10 +134,12 @@ def run_ref(run_id: str | None, experiment_id: str | None = None) -> str:
     if not run_id:
         return "—"
     base = mlflow_ui()
+    if base and not experiment_id:
+        from app import data
+
+        experiment_id = (data.run_summary(data.store(), run_id) or {}).get("experiment_id")
     if base and experiment_id:
         return f"[`{run_id[:12]}`]({base}/#/experiments/{experiment_id}/runs/{run_id})"
-    if base:
-        return f"[`{run_id[:12]}`]({base}/#/runs/{run_id})"
     return f"`{run_id[:12]}`"
 
 

@@ -88,6 +88,7 @@ def seed(store: Path, models: int, versions: int, tiny_path: Path) -> None:
     from mlops.model_refs import client
     from mlops.tracking import init_experiment
     from registry import ledger
+    from registry.release import STAGE_TAG
     from registry.testing import data_run, make_identities, training_run
 
     os.environ["MLOPS_HOME"] = str(store)
@@ -109,7 +110,7 @@ def seed(store: Path, models: int, versions: int, tiny_path: Path) -> None:
             # second per run in MLflow's async queue, and the page's cost does not depend on other runs' curves.
             run_id = _training_run(name, number, template_tags, snapshot, curves=number >= versions - 2)
             tags = {**template_tags, Tag.MODEL_ID: f"mc-{name}-{number:04d}", Tag.SOURCE_RUN: run_id,
-                    "registry.stage": "candidate"}
+                    STAGE_TAG: "candidate"}
             mv = c.create_model_version(name, logged, run_id=run_id, tags=tags)
             made[int(mv.version)] = {"run_id": run_id, "tags": tags}
         champion = versions - 2
@@ -123,7 +124,7 @@ def seed(store: Path, models: int, versions: int, tiny_path: Path) -> None:
                 if row["action"] == "request" and request_seq is None:
                     request_seq = entry.seq
         c.set_registered_model_alias(name, "production", str(champion))
-        c.set_model_version_tag(name, str(champion), "registry.stage", "production")
+        c.set_model_version_tag(name, str(champion), STAGE_TAG, "production")
         evals = {n: eval_run(name, str(n), improve=0.3 + 0.02 * (n % 5), regress=0.05, experiment=EXPERIMENT)
                  for n in range(1, versions + 1)}
         for n in (versions - 1, versions):

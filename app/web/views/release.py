@@ -11,6 +11,7 @@ from app import actions, data, ui
 from app.compare import earlier_champions
 from mlops.lineage import Tag
 from registry.permissions import may_promote, may_rollback
+from registry.release import STAGE_TAG
 
 st.title("Promote / Rollback")
 store = ui.store()
@@ -44,8 +45,8 @@ def preview(plan, serving: bool) -> None:
     entry = plan.entries[0]
     lines = [f"**@{alias}**: {f'v{before}' if before else 'nobody'} → **v{after}**"
              for alias, (before, after) in plan.aliases.items()]
-    lines += [f"v{v}: {state.stage_of(v)} → **{tags['registry.stage']}**" for v, tags in plan.version_tags.items()
-              if "registry.stage" in tags]
+    lines += [f"v{v}: {state.stage_of(v)} → **{tags[STAGE_TAG]}**" for v, tags in plan.version_tags.items()
+              if STAGE_TAG in tags]
     if serving:
         before, after = plan.aliases["production"]
         lines.append(f"Serving (`mlops serve --model models:/{model}@production --follow`) moves from "
