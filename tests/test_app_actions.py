@@ -237,3 +237,24 @@ def test_a_rollback_in_a_fresh_process_reads_the_configured_store_not_the_workin
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "1" and aliases() == {"production": "1"}
     assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_the_app_releases_on_a_postgresql_store_as_on_the_embedded_one(postgres_url, mlops_home, tiny_model,
+                                                                        tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from app.testing import seed_release
+    from registry.audit import verify
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", postgres_url)
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root on a database store is ./mlruns
+    seed_release(Path(tiny_model["path"]), tmp_path)
+    at = decide(page("alice", "approvals"), "2", "approve", "checked on PostgreSQL")
+    assert not at.exception and ledger()[-1].action == "approve"
+    at = open_page(at, "release", model="bot", version="2")
+    at = at.checkbox(key="promote_confirm").check().run()
+    at = at.button(key="promote_button").click().run()
+    assert not at.exception
+    assert aliases() == {"production": "2"} and ledger()[-1].alias_after == "2" and verify("bot").ok

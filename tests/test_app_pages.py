@@ -228,3 +228,13 @@ def test_text_people_typed_is_shown_as_text_not_rendered_as_markdown(app_store):
     shown = "\n".join(texts(at, "markdown"))
     assert "\\!\\[pixel\\]\\(http\\://tracker" in shown and "\\:red\\[URGENT\\]" in shown
     assert "![pixel](" not in shown and "[click](http" not in shown
+
+
+def test_runs_link_into_the_mlflow_ui_when_one_is_configured(app_store, monkeypatch):
+    from mlops.model_refs import describe
+
+    monkeypatch.setenv("MLOPS_APP_SETTINGS", json.dumps({"mlflow_ui_url": "http://mlflow.example:5000/"}))
+    at = open_page(logged_in("vic"), "version", model="bot", version="2")
+    run = describe("models:/bot/2").run_id
+    assert any("(http://mlflow.example:5000/#/experiments/" in m and f"/runs/{run})" in m
+               for m in texts(at, "markdown"))
