@@ -27,15 +27,20 @@ def perform(what: str, action, *args, clear: tuple[str, ...] = (), **kwargs) -> 
     from app import data, ui
     from app.auth import current
     from app.config import settings
+    from mlops.identities import AuthError
+    from registry.transition import RefusedError
 
-    actor = current(settings().session_timeout_min)
-    if actor is None:
-        ui.flash("error", f"{what}: you are not logged in any more (the session expired). Nothing was changed.")
-        return
     try:
+        actor = current(settings().session_timeout_min)
+        if actor is None:
+            ui.flash("error", f"{what}: you are not logged in any more (the session expired). Nothing was changed.")
+            return
         entry = action(actor, *args, **kwargs)
-    except MLOpsError as err:
+    except (RefusedError, AuthError) as err:
         ui.flash("error", f"{what} refused: {err}")
+        return
+    except MLOpsError as err:  # an outage: the store, the ledger or the identities file cannot be used
+        ui.flash("error", f"{what} could not be done: {err}")
         return
     except Exception as err:  # noqa: BLE001 - the page must stay usable; the log keeps the traceback
         ui.log.exception("app: %s failed", what)

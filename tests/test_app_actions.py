@@ -212,7 +212,7 @@ def test_a_ledger_database_outage_during_an_action_is_reported_and_changes_nothi
     monkeypatch.setenv("MLOPS_REGISTRY_DB", f"sqlite:///{app_store}/gone/nowhere/ledger.db")
     at = at.button(key=f"approve-{key}").click().run()
     assert not at.exception
-    assert any("refused: the ledger database" in e and "cannot be used" in e for e in texts(at, "error"))
+    assert any("could not be done: the ledger database" in e and "cannot be used" in e for e in texts(at, "error"))
     monkeypatch.delenv("MLOPS_REGISTRY_DB")
     assert ledger() == before and [r.version for r in state().pending()] == ["2", "3", "4"]
     at = open_page(at, "approvals")
