@@ -14,7 +14,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # Under CI=true the slow end-to-end tests run too, and a PostgreSQL test that cannot run fails.
 PYTEST_SELECT := $(if $(filter true,$(CI)),,-m "not slow")
 
-.PHONY: install demo test test-all lint bench clean-state
+.PHONY: install demo app test test-all lint bench clean-state
 
 install: $(STAMP)
 
@@ -32,6 +32,11 @@ $(STAMP): pyproject.toml
 
 demo: install
 	bash scripts/demo.sh
+
+# The release-approval app on the configured tracking store (MLFLOW_TRACKING_URI, else the embedded SQLite that
+# `make demo` filled); it prints its URL. ARGS="--port 8600 app.session_timeout_min=15" changes its settings.
+app: install
+	$(BIN)/mlops app $(ARGS)
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_SELECT) -q

@@ -300,7 +300,11 @@ def download(uri: str) -> Path:
 
     from mlops.tracking import tracking_uri
 
-    return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, tracking_uri=tracking_uri()))
+    store = tracking_uri()
+    # A version's source is a logged model's `models:/m-<id>` URI. MLflow 3.17 looks that id up through the
+    # process-wide tracking URI, ignoring the `tracking_uri` argument: unset, it reads (and creates) ./mlflow.db.
+    mlflow.set_tracking_uri(store)
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, tracking_uri=store))
 
 
 # --------------------------------------------------------------------------- version tags and history

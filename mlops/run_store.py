@@ -40,6 +40,11 @@ def get_run(run_id: str):
 
 def load_run_json(run_id: str, artifact_path: str) -> dict:
     """A JSON artifact of a run (e.g. an eval run's `eval/summary.json`)."""
+    return json.loads(load_run_text(run_id, artifact_path))
+
+
+def load_run_text(run_id: str, artifact_path: str) -> str:
+    """A text artifact of a run (a resolved config, a JSONL of samples); NotFoundError when it is not there."""
     import mlflow
 
     from mlops.errors import NotFoundError
@@ -56,4 +61,4 @@ def load_run_json(run_id: str, artifact_path: str) -> dict:
         if is_missing(err):
             raise NotFoundError(missing) from None
         raise unavailable(err, f"artifact {artifact_path} of run {run_id}") from err
-    return json.loads(Path(local).read_text())
+    return Path(local).read_text(encoding="utf-8")

@@ -4,6 +4,9 @@ Every rule lives here; the CLI and the approval app only call these functions an
 action names its actor (an authenticated `Identity`), is checked against the role table, the lifecycle table,
 the four-eyes rule and the gates, and is written as ledger entries by `registry.transition.run`, which also moves
 aliases compare-and-set. A refusal raises and leaves registry and ledger exactly as they were.
+
+Each action's checks are one pure function, `plan_<action>(actor, state, ...)`, that returns what the action
+would write or raises its refusal; `registry.permissions` asks the same functions whether a button may be pressed.
 """
 
 from __future__ import annotations
@@ -92,149 +95,160 @@ def register(actor: Identity, run_id: str, name: str, *, url: str | None = None)
 # --------------------------------------------------------------------------- approvals
 
 
+def plan_request(actor: Identity, state: ModelState, model: str, version: str, to_stage: str,
+                 comment: str | None) -> Plan:
+    check_transition(state, version, to_stage)
+    if state.open_request(version, to_stage):
+        raise RefusedError(f"version {version} of '{model}' already has an open request to {to_stage}.")
+    return Plan(entries=[dict(actor=actor.name, action="request", model=model, version=str(version),
+                              from_stage=state.stage_of(version), to_stage=to_stage, reason=comment)])
+
+
 def request(actor: Identity, model: str, version: str, to_stage: str, comment: str, *, url: str | None = None):
     require(actor, "request")
     _need_comment(comment, "request")
+    return run(model, lambda state: plan_request(actor, state, model, version, to_stage, comment), url=url)[0]
 
-    def plan_for(state: ModelState) -> Plan:
-        check_transition(state, version, to_stage)
-        if state.open_request(version, to_stage):
-            raise RefusedError(f"version {version} of '{model}' already has an open request to {to_stage}.")
-        return Plan(entries=[dict(actor=actor.name, action="request", model=model, version=str(version),
-                                  from_stage=state.stage_of(version), to_stage=to_stage, reason=comment)])
 
-    return run(model, plan_for, url=url)[0]
+def plan_decide(actor: Identity, state: ModelState, model: str, version: str, comment: str | None, *,
+                approve: bool, gates: list | None = None) -> Plan:
+    """The approval or rejection of the open request; `gates` reuses results already read (else read now)."""
+    from registry.gates import evaluate_gates
+
+    pending = [r for r in state.pending() if r.version == str(version)]
+    if not pending:
+        raise RefusedError(f"version {version} of '{model}' has no pending request. Fix: request it first with "
+                           f"`mlops registry request {model} {version} --to production --comment ...`.")
+    req = pending[-1]
+    evidence = {"request_seq": req.seq}
+    if approve:
+        four_eyes(state, version, actor, req)
+        if req.to_stage == "production":
+            results = gates if gates is not None else evaluate_gates(state, version)
+            _refuse_failing(results, model, version)
+            evidence["gates"] = [r.as_dict() for r in results]
+    return Plan(entries=[dict(actor=actor.name, action="approve" if approve else "reject", model=model,
+                              version=str(version), to_stage=req.to_stage, reason=comment, evidence=evidence)])
 
 
 def decide(actor: Identity, model: str, version: str, comment: str, *, approve: bool, url: str | None = None):
     """Approve or reject the open request for a version. Approval needs the four-eyes rule and passing gates."""
-    from registry.gates import evaluate_gates
-
     require(actor, "approve")
     _need_comment(comment, "approve" if approve else "reject")
+    return run(model, lambda state: plan_decide(actor, state, model, version, comment, approve=approve),
+               url=url)[0]
 
-    def plan_for(state: ModelState) -> Plan:
-        pending = [r for r in state.pending() if r.version == str(version)]
-        if not pending:
-            raise RefusedError(f"version {version} of '{model}' has no pending request. Fix: request it first with "
-                               f"`mlops registry request {model} {version} --to production --comment ...`.")
-        req = pending[-1]
-        evidence = {"request_seq": req.seq}
-        if approve:
-            four_eyes(state, version, actor, req)
-            if req.to_stage == "production":
-                results = evaluate_gates(state, version)
-                _refuse_failing(results, model, version)
-                evidence["gates"] = [r.as_dict() for r in results]
-        return Plan(entries=[dict(actor=actor.name, action="approve" if approve else "reject", model=model,
-                                  version=str(version), to_stage=req.to_stage, reason=comment, evidence=evidence)])
 
-    return run(model, plan_for, url=url)[0]
+def plan_override(actor: Identity, state: ModelState, model: str, version: str, gate: str,
+                  reason: str | None) -> Plan:
+    from registry.gates import GATES
+
+    if gate not in (*GATES, "all"):
+        raise RefusedError(f"gate '{gate}' does not exist. Fix: pass one of {', '.join(GATES)} or all.")
+    _version_state(state, version)
+    return Plan(entries=[dict(actor=actor.name, action="override", model=model, version=str(version),
+                              reason=reason, evidence={"gate": gate})],
+                version_tags={str(version): {"registry.override": f"{gate} by {actor.name}: {reason}"[:4000]}})
 
 
 def override(actor: Identity, model: str, version: str, gate: str, reason: str, *, url: str | None = None):
-    from registry.gates import GATES
-
     require(actor, "override")
     _need_comment(reason, "override")
-    if gate not in (*GATES, "all"):
-        raise RefusedError(f"gate '{gate}' does not exist. Fix: pass one of {', '.join(GATES)} or all.")
-
-    def plan_for(state: ModelState) -> Plan:
-        _version_state(state, version)
-        return Plan(entries=[dict(actor=actor.name, action="override", model=model, version=str(version),
-                                  reason=reason, evidence={"gate": gate})],
-                    version_tags={str(version): {"registry.override": f"{gate} by {actor.name}: {reason}"[:4000]}})
-
-    return run(model, plan_for, url=url)[0]
+    return run(model, lambda state: plan_override(actor, state, model, version, gate, reason), url=url)[0]
 
 
 # --------------------------------------------------------------------------- promotion and rollback
 
 
-def promote(actor: Identity, model: str, version: str, to_stage: str, *, expect_version: str | None = None,
-            url: str | None = None):
-    """Move `version` into staging or production (alias and stage), compare-and-set against `expect_version`."""
+def plan_promote(actor: Identity, state: ModelState, model: str, version: str, to_stage: str, *,
+                 expect_version: str | None = None, gates: list | None = None) -> Plan:
+    """What promoting `version` to `to_stage` writes, or the refusal; `gates` reuses results already read."""
     from registry.gates import evaluate_gates
 
-    require(actor, "promote")
     alias = ALIAS_OF_STAGE.get(to_stage)
     if alias is None:
         raise RefusedError(f"promote moves a version to staging or production, not {to_stage}.")
     version = str(version)
+    current = state.aliases.get(alias)
+    _check_expected(model, alias, current, expect_version)
+    if current == version:
+        raise RefusedError(f"version {version} of '{model}' already holds @{alias}.")
+    check_transition(state, version, to_stage)
+    evidence: dict = {"displaced": current, "displaced_to": DISPLACED_TO[to_stage] if current else None}
+    if to_stage == "production":
+        req = state.approved_request(version, "production")
+        if req is None:
+            raise RefusedError(f"version {version} of '{model}' has no approved request to production. Fix: "
+                               f"`mlops registry request {model} {version} --to production --comment ...`, then "
+                               "an approver other than its trainer, registrar and requester approves it.")
+        results = gates if gates is not None else evaluate_gates(state, version)
+        _refuse_failing(results, model, version)
+        evidence.update(request_seq=req.seq, approved_by=req.decided_by, gates=[r.as_dict() for r in results])
+    tags = {version: {STAGE_TAG: to_stage}}
+    if state.versions[version].stage_reason:
+        tags[version][STAGE_REASON_TAG] = ""  # the reason of an earlier rollback no longer applies
+    if current:
+        tags[current] = {STAGE_TAG: DISPLACED_TO[to_stage]}
+    moves = {alias: (current, version)}
+    # A version leaving staging for production gives up @staging in the same act.
+    released = sorted(a for a, v in state.aliases.items() if v == version and a != alias)
+    moves.update({a: (version, None) for a in released})
+    evidence["released_aliases"] = released
+    return Plan(entries=[dict(actor=actor.name, action="promote", model=model, version=version,
+                              from_stage=state.stage_of(version), to_stage=to_stage, alias=alias,
+                              alias_before=current, alias_after=version, evidence=evidence)],
+                aliases=moves, version_tags=tags)
 
-    def plan_for(state: ModelState) -> Plan:
-        current = state.aliases.get(alias)
-        _check_expected(model, alias, current, expect_version)
-        if current == version:
-            raise RefusedError(f"version {version} of '{model}' already holds @{alias}.")
-        check_transition(state, version, to_stage)
-        evidence: dict = {"displaced": current, "displaced_to": DISPLACED_TO[to_stage] if current else None}
-        if to_stage == "production":
-            req = state.approved_request(version, "production")
-            if req is None:
-                raise RefusedError(f"version {version} of '{model}' has no approved request to production. Fix: "
-                                   f"`mlops registry request {model} {version} --to production --comment ...`, then "
-                                   "an approver other than its trainer, registrar and requester approves it.")
-            results = evaluate_gates(state, version)
-            _refuse_failing(results, model, version)
-            evidence.update(request_seq=req.seq, approved_by=req.decided_by, gates=[r.as_dict() for r in results])
-        tags = {version: {STAGE_TAG: to_stage}}
-        if state.versions[version].stage_reason:
-            tags[version][STAGE_REASON_TAG] = ""  # the reason of an earlier rollback no longer applies
-        if current:
-            tags[current] = {STAGE_TAG: DISPLACED_TO[to_stage]}
-        moves = {alias: (current, version)}
-        # A version leaving staging for production gives up @staging in the same act.
-        released = sorted(a for a, v in state.aliases.items() if v == version and a != alias)
-        moves.update({a: (version, None) for a in released})
-        evidence["released_aliases"] = released
-        return Plan(entries=[dict(actor=actor.name, action="promote", model=model, version=version,
-                                  from_stage=state.stage_of(version), to_stage=to_stage, alias=alias,
-                                  alias_before=current, alias_after=version, evidence=evidence)],
-                    aliases=moves, version_tags=tags)
 
-    return run(model, plan_for, url=url)[0]
+def promote(actor: Identity, model: str, version: str, to_stage: str, *, expect_version: str | None = None,
+            url: str | None = None):
+    """Move `version` into staging or production (alias and stage), compare-and-set against `expect_version`."""
+    require(actor, "promote")
+    return run(model, lambda state: plan_promote(actor, state, model, version, to_stage,
+                                                 expect_version=expect_version), url=url)[0]
+
+
+def plan_rollback(actor: Identity, state: ModelState, model: str, reason: str | None, *,
+                  to_version: str | None = None, expect_version: str | None = None,
+                  check_artifacts: bool = True) -> Plan:
+    """What rolling production back writes, or the refusal. `check_artifacts=False` previews without reading
+    the target's files (the action itself always checks them)."""
+    from registry.integrity import check_artifacts as checked_artifacts
+    from registry.state import rollback_target
+
+    current = state.aliases.get("production")
+    _check_expected(model, "production", current, expect_version)
+    if current is None:
+        raise RefusedError(f"'{model}' has no production version to roll back.")
+    target = str(to_version) if to_version else rollback_target(state)
+    if target is None:
+        raise RefusedError(f"'{model}' has no earlier production version to roll back to (production history: "
+                           f"{', '.join(state.production_stack) or 'none'}). Nothing was changed.")
+    if target == current:
+        raise RefusedError(f"version {target} is already in production.")
+    target_state = _version_state(state, target)
+    if target_state.stage not in ("archived", "staging", "candidate"):
+        raise RefusedError(f"version {target} is {target_state.stage}; a rollback brings back an earlier "
+                           "champion (archived) or a staged version.")
+    checked = checked_artifacts(model, target_state) if check_artifacts else {}
+    released = sorted(a for a, v in state.aliases.items() if v == target and a != "production")
+    return Plan(entries=[dict(actor=actor.name, action="rollback", model=model, version=target,
+                              from_stage=target_state.stage, to_stage="production", alias="production",
+                              alias_before=current, alias_after=target, reason=reason,
+                              evidence={"displaced": current, "displaced_to": "rolled_back",
+                                        "artifacts": checked, "released_aliases": released})],
+                aliases={"production": (current, target), **{a: (target, None) for a in released}},
+                version_tags={target: {STAGE_TAG: "production"},
+                              current: {STAGE_TAG: "rolled_back", STAGE_REASON_TAG: (reason or "")[:4000]}})
 
 
 def rollback(actor: Identity, model: str, reason: str, *, to_version: str | None = None,
              expect_version: str | None = None, url: str | None = None):
     """Move production back to the previous production version (or `to_version`) after checking its artifacts."""
-    from registry.integrity import check_artifacts
-    from registry.state import rollback_target
-
     require(actor, "rollback")
     _need_comment(reason, "rollback")
-
-    def plan_for(state: ModelState) -> Plan:
-        current = state.aliases.get("production")
-        _check_expected(model, "production", current, expect_version)
-        if current is None:
-            raise RefusedError(f"'{model}' has no production version to roll back.")
-        target = str(to_version) if to_version else rollback_target(state)
-        if target is None:
-            raise RefusedError(f"'{model}' has no earlier production version to roll back to (production history: "
-                               f"{', '.join(state.production_stack) or 'none'}). Nothing was changed.")
-        if target == current:
-            raise RefusedError(f"version {target} is already in production.")
-        target_state = _version_state(state, target)
-        if target_state.stage not in ("archived", "staging", "candidate"):
-            raise RefusedError(f"version {target} is {target_state.stage}; a rollback brings back an earlier "
-                               "champion (archived) or a staged version.")
-        checked = check_artifacts(model, target_state)
-        return Plan(entries=[dict(actor=actor.name, action="rollback", model=model, version=target,
-                                  from_stage=target_state.stage, to_stage="production", alias="production",
-                                  alias_before=current, alias_after=target, reason=reason,
-                                  evidence={"displaced": current, "displaced_to": "rolled_back",
-                                            "artifacts": checked,
-                                            "released_aliases": sorted(a for a, v in state.aliases.items()
-                                                                       if v == target and a != "production")})],
-                    aliases={"production": (current, target),
-                             **{a: (target, None) for a, v in state.aliases.items() if v == target and a != "production"}},
-                    version_tags={target: {STAGE_TAG: "production"},
-                                  current: {STAGE_TAG: "rolled_back", STAGE_REASON_TAG: reason[:4000]}})
-
-    return run(model, plan_for, url=url)[0]
+    return run(model, lambda state: plan_rollback(actor, state, model, reason, to_version=to_version,
+                                                  expect_version=expect_version), url=url)[0]
 
 
 def reconcile(actor: Identity, model: str, *, url: str | None = None):

@@ -68,3 +68,30 @@ def postgres_url() -> str:
     finally:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
+
+
+@pytest.fixture(scope="session")
+def app_store_template(tmp_path_factory, tiny_model) -> Path:
+    """A release history for the approval app's tests, built once per session (see app.testing.seed_release)."""
+    home = tmp_path_factory.mktemp("app-store") / "home"
+    home.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLOPS_HOME", str(home))
+        for name in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLOPS_REGISTRY_DB"):
+            mp.delenv(name, raising=False)
+        from app.testing import seed_release
+
+        seed_release(Path(tiny_model["path"]), home.parent)
+    return home
+
+
+@pytest.fixture
+def app_store(app_store_template, mlops_home, monkeypatch) -> Path:
+    """This test's own copy of the seeded store (its database and identities; artifacts are read in place)."""
+    import shutil
+
+    monkeypatch.delenv("MLOPS_REGISTRY_DB", raising=False)
+    for rel in (".mlops/mlflow.db", "configs/registry/identities.yaml"):
+        (mlops_home / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(app_store_template / rel, mlops_home / rel)
+    return mlops_home

@@ -1,0 +1,158 @@
+"""Version: the full lineage chain, the deployment profile, gates with reasons, contamination, its ledger."""
+
+import pandas as pd
+import streamlit as st
+import yaml
+
+from app import actions, data, lineage, ui
+from mlops.lineage import Tag
+from registry.gates import GATES
+from registry.permissions import may_override
+
+st.title("Version")
+store = ui.store()
+model = ui.pick_model(store)
+if model is None:
+    st.stop()
+state = data.model_state(store, model)
+versions = ui.sorted_versions(state) or [str(v) for v in range(data.registered_models(store).get(model, {})
+                                                                  .get("latest", 0), 0, -1)]
+if not versions:
+    st.info(f"'{model}' has no versions yet.")
+    st.stop()
+version = ui.pick("Version", versions, key="version", param="version", fmt=lambda v: ui.version_label(state, v))
+info = data.version_info(store, model, version)
+tags = {**info["run_tags"], **info["version_tags"]}
+vs = state.versions.get(version)
+run = data.run_summary(store, info["run_id"]) if info["run_id"] else None
+
+# --------------------------------------------------------------------------- header
+held = [f"@{a}" for a, v in state.aliases.items() if v == version]
+st.header(f"{model} v{version}")
+st.markdown(f"**Stage:** {vs.stage if vs else 'not in the ledger'} {' '.join(held)} · **registered by** "
+            f"{vs.registered_by if vs else '?'} at {ui.ts(vs.registered_ts) if vs else '?'} · **content** "
+            f"`{tags.get(Tag.MODEL_ID, '?')}`")
+if vs is None:
+    st.warning("This version was registered in MLflow directly, not through the registry: no ledger entry, no "
+               "gates, no approvals cover it. Register it with `mlops registry register`.")
+if vs and vs.stage == "rolled_back":
+    st.error(f"Rolled back: {ui.md(vs.stage_reason)}")
+for o in vs.overrides if vs else []:
+    st.warning(f"Gate override ({o['gate']}) by {o['by']} at {ui.ts(o['ts'])}: {ui.md(o['reason'])}")
+
+# --------------------------------------------------------------------------- lineage chain
+st.subheader("Lineage")
+data_run = tags.get(Tag.DATA_RUN)
+checkpoint = lineage.run_path(tags.get(Tag.CHECKPOINT_MANIFEST))
+eval_run = None
+with ui.guard("Evidence"):
+    eval_run = data.eval_run_of(store, model, version)
+report = data.gate_report(store, tags.get(Tag.MODEL_ID, "")) if vs else None
+chain = [("data snapshot", tags.get(Tag.SNAPSHOT_ID), data_run),
+         ("training run", (run or {}).get("name") or "", info["run_id"]),
+         ("checkpoint", checkpoint[1].split("/")[-2] if checkpoint else "not recorded",
+          checkpoint[0] if checkpoint else None), ("model version", f"v{version}", None),
+         ("eval run", "results stored" if eval_run else "none", eval_run),
+         ("gate run", (report or {}).get("result") or "none", (report or {}).get("run_id"))]
+for col, (what, label, run_id) in zip(st.columns(len(chain)), chain, strict=True):
+    col.markdown(f"**{what}** {'→' if what != 'gate run' else ''}  \n{label or '—'}  \n"
+                 f"{ui.run_ref(run_id) if run_id else ''}")
+
+tab_train, tab_data, tab_ckpt, tab_profile, tab_sweep = st.tabs(
+    ["Training run", "Data snapshot", "Checkpoint", "Deployment profile", "Sweep trial"])
+with tab_train, ui.guard("Training run"):
+    st.markdown(f"Run {ui.run_ref(info['run_id'], run and run['experiment_id'])}")
+    st.markdown("| | |\n|---|---|\n" + "\n".join(f"| {k} | {str(v).replace('|', '/')} |"
+                                                  for k, v in lineage.training_facts(tags, run)))
+    resolved = data.run_text(store, info["run_id"], "config/resolved.yaml") if info["run_id"] else None
+    with st.expander("Resolved config"):
+        st.code(resolved or "the run stored no config/resolved.yaml", language="yaml")
+with tab_data, ui.guard("Data snapshot"):
+    manifest = data.run_json(store, data_run, "snapshot/manifest.json")
+    if manifest is None:
+        st.warning(f"No snapshot manifest: data run {data_run or 'not recorded'} stored no snapshot/manifest.json.")
+    else:
+        s = lineage.manifest_summary(manifest)
+        st.markdown(f"Snapshot `{s['snapshot_id']}` ({s['name']}), built {s['created']} by data run "
+                    f"{ui.run_ref(data_run)}. Samples: "
+                    + (", ".join(f"{k} {v}" for k, v in s["samples"].items()) or "not recorded"))
+        q = st.columns(len(s["quarantine"]))
+        for col, (label, value) in zip(q, s["quarantine"].items(), strict=True):
+            col.metric(label, value)
+        st.markdown("**Great Expectations, per batch**")
+        st.dataframe(pd.DataFrame(s["batches"]), hide_index=True, width="stretch")
+        if s["counters"]:
+            with st.expander("Every manifest counter"):
+                st.dataframe(pd.DataFrame(list(s["counters"].items()), columns=["counter", "value"]),
+                             hide_index=True)
+with tab_ckpt, ui.guard("Checkpoint"):
+    ck = data.run_json(store, checkpoint[0], checkpoint[1]) if checkpoint else None
+    st.markdown(f"Manifest `{tags.get(Tag.CHECKPOINT_MANIFEST, 'not recorded')}`")
+    if ck:
+        st.markdown(f"Step {ck.get('step')} · complete: {ck.get('complete')} · {len(ck.get('files') or {})} files")
+        st.dataframe(pd.DataFrame(lineage.checkpoint_rows(ck)), hide_index=True, width="stretch")
+    else:
+        st.warning("The checkpoint manifest cannot be read.")
+with tab_profile, ui.guard("Deployment profile"):
+    profile = yaml.safe_load(info["profile"]) if info["profile"] else None
+    if not profile:
+        st.warning("No deployment profile is stored with this version.")
+    else:
+        st.markdown(f"Profile hash `{tags.get(Tag.PROFILE_HASH, '?')}` · chat template hash "
+                    f"`{str(profile.get('chat_template_hash'))[:16]}` · max context {profile.get('max_context')}"
+                    f" · stop {profile.get('stop') or 'none'}")
+        st.markdown("**System prompt**")
+        st.code(profile.get("system_prompt") or "(none)", language=None, wrap_lines=True)
+        st.markdown("**Sampling**")
+        st.dataframe(pd.DataFrame([profile.get("sampling") or {}]), hide_index=True)
+with tab_sweep:
+    trial = lineage.sweep_trial(tags)
+    if trial:
+        st.dataframe(pd.DataFrame([trial]), hide_index=True)
+    else:
+        st.caption("Not trained by a sweep trial.")
+
+# --------------------------------------------------------------------------- gates and contamination
+st.subheader("Gates")
+gates = []
+with ui.guard("Gates"):
+    if vs:
+        gates = data.gate_results(store, model, version, state.last_seq)
+        for g in gates:
+            row = lineage.gate_row(g)
+            st.markdown(f"{ui.OK if g['ok'] else ui.BAD} **{g['gate']}**: {ui.md(row['result'])}: "
+                        f"{ui.md(g['detail'])}")
+            if row["evidence"]:
+                st.caption(f"evidence: {ui.md(row['evidence'])}")
+    else:
+        st.info("Gates are evaluated only for versions registered through the registry.")
+if vs:
+    with st.expander("Override a gate (admin; ledgered and shown on this version for good)"):
+        gate = st.selectbox("Gate", [*GATES, "all"], key="override_gate")
+        permission = may_override(ui.actor(), state, version, gate)
+        st.text_input("Reason (required)", key="override_reason")
+        st.button("Override", key="override_button", disabled=not permission.ok, help=permission.reason or None,
+                  on_click=actions.override, args=(model, version, gate, "override_reason"))
+        ui.denied(permission)
+
+st.subheader("Contamination")
+with ui.guard("Contamination"):
+    found = data.run_json(store, eval_run, "eval/contamination.json")
+    if found is None:
+        st.warning(f"No contamination report (eval run: {eval_run or 'none'}).")
+    else:
+        count = len(found.get("offending") or [])
+        verdict = "clean" if found.get("status") == "checked" and not count else f"{count} offending items"
+        st.markdown(f"Status **{found.get('status')}**, {verdict}; {found.get('items_checked', '?')} items checked "
+                    f"with {found.get('ngram', '?')}-grams against snapshot `{tags.get(Tag.SNAPSHOT_ID)}`.")
+        if count:
+            st.dataframe(pd.DataFrame(found["offending"]), hide_index=True, width="stretch")
+
+st.subheader("Ledger")
+mine = [e.as_dict() for e in data.entries(store, model) if e.version == version]
+if mine:
+    st.dataframe(pd.DataFrame([{"#": e["seq"], "when": ui.ts(e["ts"]), "who": e["actor"], "action": e["action"],
+                                "stage": f"{e['from_stage'] or '-'} → {e['to_stage'] or '-'}",
+                                "reason": e["reason"] or ""} for e in mine]), hide_index=True, width="stretch")
+else:
+    st.caption("No ledger entry names this version.")
