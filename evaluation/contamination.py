@@ -102,7 +102,7 @@ def snapshot_messages(snapshot: Path, tokenizer, split: str = "train") -> Iterat
 
 def suites_covered(manifest: dict | None, suites: list[Suite]) -> dict[str, bool]:
     """Per suite: were all its item files (by sha256) among the eval sets the snapshot was decontaminated against."""
-    from mlops.data.format import file_sha256
+    from mlops.files import file_sha256
 
     hashes = {e.get("sha256") for e in (manifest or {}).get("eval_sets", [])}
     return {s.label: all(file_sha256(t.file) in hashes for t in s.tasks) for s in suites}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,16 +17,11 @@ import urllib.request
 from pathlib import Path
 
 from mlops.errors import MLOpsError
+from mlops.files import free_port
 
 
 class ServerError(MLOpsError):
     """The model server could not start, or died while in use."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class ServerProcess:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from evaluation.gate import GateReport
+from mlops.files import atomic_write_text
 
 
 def _num(value: float | None, signed: bool = False) -> str:
@@ -42,15 +42,9 @@ def to_markdown(report: GateReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def write_report(report: GateReport, folder: Path) -> tuple[Path, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     json_path, md_path = folder / "gate_report.json", folder / "gate_report.md"
-    _atomic(json_path, json.dumps(report.as_dict(), indent=2, sort_keys=True))
-    _atomic(md_path, to_markdown(report))
+    atomic_write_text(json_path, json.dumps(report.as_dict(), indent=2, sort_keys=True))
+    atomic_write_text(md_path, to_markdown(report))
     return json_path, md_path

@@ -13,7 +13,7 @@ def serve_in_thread(app, start_timeout: float = 60.0) -> Iterator[str]:
     """Serve `app` with uvicorn on a free local port; yields the base URL and stops the server on exit."""
     import uvicorn
 
-    from evaluation.process import free_port
+    from mlops.files import free_port
 
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))

@@ -6,7 +6,6 @@ random-init Llama of a few MB with the same tokenizer and chat template, for tes
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -113,14 +112,10 @@ BASE_MODELS.add("tiny", BaseModelSpec("tiny", "random-init 2-layer Llama, SmolLM
 
 
 def folder_hash(folder: Path) -> str:
-    """Content hash of a model folder: every file's relative path and bytes, in sorted order."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        digest.update(path.relative_to(folder).as_posix().encode())
-        with path.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest()
+    """Content hash of a model folder (every file's relative path and bytes)."""
+    from mlops.files import folder_hash as content_hash
+
+    return content_hash(folder)
 
 
 def catalog(root: Path | None = None) -> dict[str, dict]:

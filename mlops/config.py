@@ -78,17 +78,21 @@ def config_model() -> type[StrictModel]:
 # --------------------------------------------------------------------------- loading
 
 
-def find_config_file(path: Path) -> Path:
-    """The file itself, or, for a relative path, the same path under the project home.
+def find_config_file(path: Path, anchors: Sequence[Path] = ()) -> Path:
+    """The file itself, or, for a relative path, the same path under the project home or another anchor folder
+    (the first that exists; else `path` unchanged, for the caller's error message).
 
     `mlflow run mlproject` starts entry points inside `mlproject/`, where `configs/x.yaml` would not be found.
     """
     from mlops.paths import project_home
 
+    path = Path(path).expanduser()
     if path.exists() or path.is_absolute():
         return path
-    candidate = project_home() / path
-    return candidate if candidate.exists() else path
+    for anchor in (project_home(), *anchors):
+        if (anchor / path).exists():
+            return anchor / path
+    return path
 
 
 def read_yaml(path: Path) -> dict[str, Any]:

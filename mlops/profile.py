@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import yaml
@@ -50,19 +49,16 @@ class DeploymentProfile(StrictModel):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=True)
 
     def save(self, folder: Path) -> Path:
-        path = Path(folder) / PROFILE_FILE
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(self.to_yaml())
-        os.replace(tmp, path)
-        return path
+        from mlops.files import atomic_write_text
+
+        return atomic_write_text(Path(folder) / PROFILE_FILE, self.to_yaml())
 
     def save_as(self, path: Path) -> Path:
+        from mlops.files import atomic_write_text
+
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(self.to_yaml())
-        os.replace(tmp, path)
-        return path
+        return atomic_write_text(path, self.to_yaml())
 
 
 def chat_template_hash(template: str | None) -> str:

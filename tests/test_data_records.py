@@ -7,8 +7,8 @@ import json
 import pandas as pd
 import pytest
 
-from mlops.data.format import file_sha256
 from mlops.data.records import Issue, Record, SourceChangedError, read_source, record_id
+from mlops.files import file_sha256
 
 CHAT = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"},
                      {"role": "assistant", "content": "Hello."}], "domain": "safety"}

@@ -11,8 +11,8 @@ import pytest
 from evaluation.suites import SUITES_DIR
 from mlops.data.config import DecontamConfig
 from mlops.data.decontam import EvalIndex, resolve_eval_sets
-from mlops.data.format import file_sha256
 from mlops.data.sample import CLOSINGS, EVAL_ITEMS, Gen, generate, policy, sample_rows
+from mlops.files import file_sha256
 
 SUITE_FILES, _ = resolve_eval_sets([str(SUITES_DIR / "**" / "*.jsonl")], SUITES_DIR)
 

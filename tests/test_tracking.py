@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -65,10 +64,7 @@ def test_tracker_attaches_to_the_run_mlflow_run_created(mlops_home, monkeypatch)
     assert client().get_run(outer.run_id).data.tags[Tag.STAGE] == "smoke"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from mlops.files import free_port  # noqa: E402
 
 
 def test_unreachable_tracking_server_fails_fast_with_fix():

@@ -22,8 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from mlops.data.format import file_sha256
 from mlops.errors import MLOpsError
+from mlops.files import atomic_write_json, file_sha256
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -39,12 +39,8 @@ def tag_for(step: int) -> str:
 
 
 def atomic_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=2, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """A durable JSON write (fsynced file and folder): what marks a checkpoint or run as complete."""
+    atomic_write_json(path, obj, fsync=True)
 
 
 # --------------------------------------------------------------------------- RNG of every rank

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 from dataclasses import dataclass
+
+from mlops.files import free_port
 
 DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -22,12 +23,6 @@ class World:
     local_rank: int
     device: str  # "cpu" or "cuda:<local rank>"
     backend: str
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def init_world(backend: str = "auto") -> World:

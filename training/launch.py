@@ -81,7 +81,7 @@ def launch(cfg, nproc: int, smoke: bool) -> dict:
 
 
 def _run_workers(prep, tracker, nproc: int, smoke: bool, forwarder: Forwarder) -> dict:
-    from training.engine import free_port
+    from mlops.files import free_port
     from training.runs import RUN_ID_ENV, close_if_running
     from training.stopping import Preempted, child_dies_with_parent, launcher_env
 

@@ -14,20 +14,13 @@ import time
 from pathlib import Path
 
 from mlops.errors import MLOpsError
+from mlops.files import fsync_dir
 from training.checkpoint import MANIFEST, PARTIAL, atomic_json, file_table, retention, tag_for
 
 log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- durable writes
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def fsync_tree(folder: Path) -> None:

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from mlops.errors import MLOpsError
+from mlops.files import atomic_write_json, atomic_write_text, file_sha256  # noqa: F401 - used here and re-exported
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -61,24 +62,6 @@ class Sample:
 
 
 # --------------------------------------------------------------------------- atomic writes and hashing
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def data_files(folder: Path) -> list[Path]:

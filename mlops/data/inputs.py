@@ -18,8 +18,8 @@ from mlops.data.format import atomic_write_json, file_sha256, read_manifest
 from mlops.data.records import BadInputError, source_format
 from mlops.data.snapshot import resolve_snapshot
 from mlops.errors import ConfigError
+from mlops.lineage import PIPELINE_VERSION
 
-PIPELINE_VERSION = "1"
 BUILDS = ".builds"
 
 

@@ -7,8 +7,9 @@ import time
 from collections import Counter
 from typing import Any
 
-from mlops.data.inputs import PIPELINE_VERSION, source_entries
+from mlops.data.inputs import source_entries
 from mlops.data.mixing import achieved
+from mlops.lineage import PIPELINE_VERSION
 
 MAX_LISTED = 200
 

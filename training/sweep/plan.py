@@ -138,20 +138,16 @@ def partition_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _base_path(value: str, sweep_file: Path | None) -> Path:
-    from mlops.paths import project_home
+    from mlops.config import find_config_file
 
-    path = Path(value).expanduser()
-    if path.is_absolute():
-        return path
-    # Relative to the project, the working folder, or the sweep file's folder or one above it (a sweep file
-    # in configs/sweep/ names configs/train/x.yaml as the repository root sees it).
-    anchors = [project_home(), Path.cwd()] + (list(sweep_file.resolve().parents) if sweep_file else [])
-    tried = list(dict.fromkeys(a / path for a in anchors))
-    for candidate in tried:
-        if candidate.is_file():
-            return candidate
-    raise ConfigError(f"sweep.base_config='{value}' does not exist (looked in {', '.join(map(str, tried[:4]))}, ...). "
-                      "Fix: name a train config file relative to the project folder, e.g. configs/train/tiny.yaml.")
+    # Also relative to the sweep file's folder or one above it (a sweep file in configs/sweep/ names
+    # configs/train/x.yaml as the repository root sees it).
+    found = find_config_file(Path(value), list(sweep_file.resolve().parents) if sweep_file else [])
+    if found.is_file():
+        return found
+    raise ConfigError(f"sweep.base_config='{value}' does not exist (looked in the working folder, the project folder "
+                      "and above the sweep file). Fix: name a train config file relative to the project folder, "
+                      "e.g. configs/train/tiny.yaml.")
 
 
 def build_plan(config: Path | str | None, overrides: list[str] = (), *, study: str | None = None,
