@@ -20,7 +20,7 @@ from mlops.lineage import Tag
 from mlops.tracking import MemoryTracker
 
 
-def good_records(n: int, seed: int = 1) -> list[dict]:
+def good_records(n: int, seed: int = 2) -> list[dict]:
     g = Gen(seed)
     return [g.support() if i % 2 else g.general() for i in range(n)]
 
