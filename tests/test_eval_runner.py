@@ -88,7 +88,7 @@ def test_eval_logs_suite_results_through_the_served_endpoint(registered):
     outcome = run_eval(_cfg(), "models:/bot@candidate", suites="general,business")
     run = _client().get_run(outcome.run_id)
     assert run.info.status == "FINISHED"
-    assert run.data.tags[Tag.MODEL_KEY] == "bot-v2" and run.data.tags[Tag.SUITE_VERSION] == "business@v1,general@v1"
+    assert run.data.tags[Tag.MODEL_KEY] == "bot-v2" and run.data.tags[Tag.SUITE_VERSION] == "business@v2,general@v2"
     assert run.data.tags[Tag.EVAL_FORCED_PROFILE] == "false"
     assert run.data.params["served_chat_template_hash"] == registered["profile"].chat_template_hash
     assert run.data.params["system_prompt"] == registered["profile"].system_prompt
