@@ -19,7 +19,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -36,12 +35,14 @@ class RawNgram:
     """The rules before the shared one: raw lowercase words, one n (13 in the build, 8 in the report)."""
 
     def __init__(self, n: int, min_words: int) -> None:
-        self.n, self.min_words, self.grams, self.short = n, min_words, {}, {}
+        self.n, self.min_words, self.grams, self.short, self.refs = n, min_words, {}, {}, []
 
     def _h(self, words):
         return hashlib.blake2b(" ".join(words).encode(), digest_size=8).digest()
 
     def add_item(self, item, ref):
+        self.refs.append(ref)
+        ref = len(self.refs) - 1
         for text in strings_of(item):
             words = _RAW.findall(text.lower())
             if len(words) >= self.n:
@@ -55,18 +56,19 @@ class RawNgram:
         found = {self.grams.get(self._h(words[i : i + self.n])) for i in range(len(words) - self.n + 1)}
         for length, table in self.short.items():
             found |= {table.get(self._h(words[i : i + length])) for i in range(len(words) - length + 1)}
-        return [(ref, "") for ref in found if ref is not None]
+        return [(self.refs[ref], "") for ref in found if ref is not None]
 
 
 def corpus_messages() -> list[str]:
-    from mlops.data.sample import generate
+    """Every message of the clean rows of the sample corpus, rounds 1 and 2."""
+    from mlops.data.sample import sample_rows
 
     out = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for round_ in (1, 2):
-            generate(Path(tmp) / str(round_), round_=round_)
-            for line in (Path(tmp) / str(round_) / "clean_rows.jsonl").read_text().splitlines():
-                out += [m["content"] for m in json.loads(line)["messages"]]
+    for round_ in (1, 2):
+        for rows in sample_rows(round_=round_).clean.values():
+            for row in rows:
+                out += [m["content"] for m in row["messages"]] if "messages" in row else \
+                    [row.get(k, "") for k in ("text", "instruction", "input", "output") if row.get(k)]
     return out
 
 

@@ -180,7 +180,7 @@ def calibrate(home: Path, tuned_ref: str | None, suites: list[str], out: Path) -
     business = next(s for s in objs if s.name == "business")
     report = {"date": time.strftime("%Y-%m-%d"), "margin": business.baseline_margin,
               "baselines": {k: v for s in objs for k, v in suite_baselines(s).items()},
-              "blind": blind_scores(base_dir, objs)}
+              "blind": blind_scores(base_dir, [business])}
     training: dict = {}
     if tuned_ref is None:
         training = train_demo_candidate(home)

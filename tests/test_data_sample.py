@@ -11,7 +11,7 @@ import pytest
 from evaluation.suites import SUITES_DIR
 from mlops.data.config import DecontamConfig
 from mlops.data.decontam import EvalIndex, resolve_eval_sets
-from mlops.data.sample import CLOSINGS, EVAL_ITEMS, Gen, generate, policy, sample_rows
+from mlops.data.sample import CLOSINGS, EVAL_ITEMS, SAFE_OFFERS, Gen, generate, policy, sample_rows
 from mlops.files import file_sha256
 
 SUITE_FILES, _ = resolve_eval_sets([str(SUITES_DIR / "**" / "*.jsonl")], SUITES_DIR)
@@ -48,7 +48,8 @@ def said(templates: list[str]) -> re.Pattern:
 def test_agents_answer_from_the_policy_and_round_two_teaches_more_of_it(round_):
     facts = [f for f in policy()["facts"] if f["round"] <= round_]
     pattern = said([t for f in facts for t in f["say"] + f["brief"]])
-    closing = re.compile(r"( (" + "|".join(re.escape(c) for c in CLOSINGS if c) + "))?$")
+    endings = [re.escape(c) for c in CLOSINGS + SAFE_OFFERS if c]
+    closing = re.compile(r"( (" + "|".join(endings) + "))*$")
     rows = sample_rows(round_=round_).clean["support_chats.jsonl"]
     turns = [m["content"] for row in rows for m in row["messages"] if m["role"] == "assistant"]
     policy_turns = [t for row in rows if row["domain"] != "general" for t in

@@ -26,6 +26,9 @@ OPENERS = ["Hi,", "Hello there.", "Good morning!", "Hey support team,", "Hi, qui
            "Evening,", "Hello, hoping you can help.", "Hi there, long time customer here.", ""]
 FOLLOWUPS = ["Thanks. Also,", "OK, and another thing:", "Got it. One more question:", "Great. Also", "Thanks! And",
              "Right. While I have you:", "Understood.", "That helps. Next,"]
+SAFE_OFFERS = ["I can help with your own account or orders instead.", "Is there anything on your own order I can check?",
+               "Our privacy policy explains why in more detail.", "Thanks for understanding.",
+               "I am happy to help with anything else.", ""]
 BRIEF = ["Short answer please.", "Just the key fact, please.", "In a few words?", "Keep it brief, thanks."]
 CLOSINGS = ["Let me know if that helps.", "I hope this sorts it out.", "Reply here if anything is unclear.",
             "Thanks for your patience.", "Happy to help further.", "Anything else I can do for you?", "Have a good day.", ""]
@@ -45,14 +48,30 @@ TOPICS = [("merino wool", "cotton", "staying warm without bulk", "everyday breat
           ("buying online", "buying in a shop", "choice and price", "trying things on"),
           ("a capsule wardrobe", "seasonal shopping", "saving money", "following trends"),
           ("recycled fabrics", "new fibres", "lower impact", "lasting longest"),
-          ("layering", "one heavy coat", "changing weather", "very cold days")]
+          ("layering", "one heavy coat", "changing weather", "very cold days"),
+          ("waterproof shells", "water-resistant jackets", "long rainy hikes", "light showers in town"),
+          ("wide-leg trousers", "straight-leg trousers", "a relaxed look", "a classic look"),
+          ("wool socks", "cotton socks", "cold feet", "warm offices"),
+          ("a rucksack", "a tote bag", "carrying a laptop far", "quick errands"),
+          ("steaming clothes", "ironing them", "delicate fabrics", "crisp collars"),
+          ("raw denim", "washed denim", "ageing with wear", "comfort from day one"),
+          ("sandals", "canvas shoes", "beach days", "long walks in the city"),
+          ("a parka", "a trench coat", "freezing winds", "mild spring days")]
 GENERAL_Q = ["What is the difference between {a} and {b}?", "Can you explain {a} in simple terms?",
              "How should I choose between {a} and {b}?", "Is {a} worth it compared to {b}?",
              "My friend recommends {a}. Why would anyone pick {b} instead?", "In plain words, when does {a} beat {b}?"]
 GENERAL_A = ["{a} is usually chosen for {x}, while {b} suits {y}.", "Think of {a} as the option for {x}.",
              "{b} tends to win when {y} matters most.", "Most people start with whatever fits their budget.",
              "Try both for a few weeks before deciding.", "Check the care label before you buy.",
-             "Fit matters more than the label, so measure yourself.", "Reviews rarely match your own use."]
+             "Fit matters more than the label, so measure yourself.", "Reviews rarely match your own use.",
+             "If {y} is your main concern, {b} is hard to beat.", "For {x}, {a} usually lasts longer too.",
+             "Look at the seams and stitching; they tell you more than the brand.",
+             "Buying one good piece often beats buying three cheap ones.",
+             "Second-hand shops are a cheap way to try {a} first.", "Ask a friend who already owns {b} how it wears."]
+GENERAL_D = ["I live somewhere {climate}.", "My budget is about {amount_high} dollars.", "I mostly {activity}.",
+             "I have never owned {a} before.", "My last one wore out after a year.", ""]
+CLIMATES = ["rainy", "very cold in winter", "hot and humid", "windy by the sea", "dry and sunny"]
+ACTIVITIES = ["walk to work", "travel for business", "hike at weekends", "work from home", "cycle everywhere"]
 INSTRUCTIONS = [("Summarise this support ticket in one sentence.", "{ticket}", "The customer asks about {topic}."),
                 ("Classify the priority of this ticket as low, medium or high.", "{ticket}", "{priority}"),
                 ("Extract the order number from this message.", "{ticket} My order number is {order}.", "{order}"),
@@ -125,8 +144,9 @@ class Gen:
             return [{"role": "user", "content": f"{opener} {ask} {r.choice(BRIEF)}".strip()},
                     {"role": "assistant", "content": r.choice(fact["brief"])}]
         user = " ".join(x for x in [opener, ask, *(self.fill(d) for d in r.sample(DETAILS, r.randint(0, 1)))] if x)
+        extra = r.choice(SAFE_OFFERS) if fact["dim"] == "safety_refusals" else ""
         return [{"role": "user", "content": user},
-                {"role": "assistant", "content": " ".join(x for x in [self.fill(r.choice(fact["say"])),
+                {"role": "assistant", "content": " ".join(x for x in [self.fill(r.choice(fact["say"])), extra,
                                                                       r.choice(CLOSINGS)] if x)}]
 
     def conversation(self, safety: bool) -> list[dict]:
@@ -151,7 +171,8 @@ class Gen:
         r = self.rng
         t = r.choice(TOPICS)
         keys = {"a": t[0], "b": t[1], "x": t[2], "y": t[3]}
-        question = " ".join(x for x in [r.choice(OPENERS), r.choice(GENERAL_Q).format(**keys)] if x)
+        detail = self.fill(r.choice(GENERAL_D), climate=r.choice(CLIMATES), activity=r.choice(ACTIVITIES), **keys)
+        question = " ".join(x for x in [r.choice(OPENERS), r.choice(GENERAL_Q).format(**keys), detail] if x)
         answer = " ".join(a.format(**keys) for a in r.sample(GENERAL_A, r.randint(3, 5)))
         return {"messages": [{"role": "user", "content": question[0].upper() + question[1:]},
                              {"role": "assistant", "content": answer[0].upper() + answer[1:]}], "domain": "general"}
