@@ -161,6 +161,8 @@ class GenerationQueue:
                 steps += 1
                 if steps >= self.engine.slice_steps and self.engine.others_waiting():
                     break
+                if self.engine.should_yield():  # a lower-priority engine steps aside after every step
+                    break
         except Exception as err:  # noqa: BLE001 - a forward pass failed: find the row that fails alone
             self.batch = None
             self._retry_alone([r for r in batch.rows if not r.finish], err)
