@@ -65,6 +65,7 @@ class ScoringQueue:
                 self._store(job, indices, results[start : start + len(indices)])
                 start += len(indices)
         self.engine.batches.append(len(prompts))
+        keep_recent(self.engine.batches)
         if self.engine.observer:
             self.engine.observer("score", len(prompts), sum(len(p) for p in prompts))
 
@@ -150,6 +151,7 @@ class GenerationQueue:
                     self._retry_alone(chosen, err)
                     return
                 self.engine.gen_batches.append(len(chosen))
+                keep_recent(self.engine.gen_batches)
                 if self.engine.observer:
                     self.engine.observer("generate", len(chosen), self.batch.tokens)
         batch, steps = self.batch, 0
@@ -230,6 +232,12 @@ class GenerationQueue:
                 row.error = err
         if row.error is not None:
             settle(job.future, error=row.error)
+
+
+def keep_recent(values: list, limit: int = 4096) -> None:
+    """Batch-size histories are for tests and recent metrics: a server that runs for weeks must not grow them."""
+    if len(values) > 2 * limit:
+        del values[:-limit]
 
 
 def _same_question(previous: list[int], prompt: list[int]) -> bool:

@@ -308,4 +308,4 @@ def _shadow_runner(target, config: ServeConfig, name: str):
     log.info("shadow: version %s answers %.0f%% of requests in the background", target.version,
              config.shadow.share * 100)
     return ShadowRunner(slot, share=config.shadow.share, queue_size=config.shadow.queue,
-                        timeout=config.shadow.timeout_seconds)
+                        timeout=config.shadow.timeout_seconds, idle_ms=config.shadow.idle_ms)

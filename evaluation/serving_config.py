@@ -37,6 +37,8 @@ class ShadowConfig(StrictModel):
     queue: int = Field(16, ge=1, description="shadow requests waiting; more are dropped (counted), never waited for")
     timeout_seconds: float = Field(120.0, gt=0, description="a shadow answer not done this long after it started "
                                    "is cancelled and counted as timed out")
+    idle_ms: float = Field(50.0, ge=0, description="the user-facing engines must have been idle this long before "
+                           "the shadow takes a step (so it never fills the short gaps of steady traffic)")
     scorer: str | None = Field(None, description="win-rate scorer of `mlops shadow report` (e.g. reference_overlap: "
                                "closer to the corrections users sent wins)")
 

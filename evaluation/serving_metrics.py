@@ -61,6 +61,7 @@ class ServerMetrics:
         self.shadow_requests = Counter("mlops_serve_shadow_requests", "shadow answers by outcome (answered, failed, "
                                        "timed_out, dropped_busy, dropped_draining)", ["version", "outcome"],
                                        registry=r)
+        self.shadow_pending = Gauge("mlops_serve_shadow_pending", "shadow requests queued or running", registry=r)
         self.shadow_latency = Histogram("mlops_serve_shadow_latency_seconds", "shadow answer latency, time yielded "
                                         "to user traffic excluded", ["version"], buckets=LATENCY_BUCKETS, registry=r)
         self.request_log_rows = Counter("mlops_serve_request_log_rows", "request log rows by outcome (written, "

@@ -47,9 +47,11 @@ class _Offer:
 class ShadowRunner:
     """Answers sampled requests on `slot` (the candidate) in the background; see the module docstring."""
 
-    def __init__(self, slot, *, share: float, queue_size: int = 16, timeout: float = 120.0) -> None:
+    def __init__(self, slot, *, share: float, queue_size: int = 16, timeout: float = 120.0,
+                 idle_ms: float = 50.0) -> None:
         self.slot = slot  # evaluation.slot.ModelSlot holding the candidate
-        self.share, self.timeout = share, timeout
+        self.share, self.timeout, self.idle_s = share, timeout, idle_ms / 1000
+        self._last_busy = 0.0
         self.counts: dict[str, int] = {}
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
@@ -66,6 +68,7 @@ class ShadowRunner:
         """Wire to a server: the slots whose work comes first, the metrics, the request log, the model name."""
         self._ctx = ctx
         self._primaries = [ctx.slot, *([ctx.canary.slot] if ctx.canary is not None else [])]
+        ctx.metrics.shadow_pending.set_function(lambda: float(self._outstanding))
         return self
 
     # ------------------------------------------------------------------ the request path (event loop)
@@ -113,12 +116,16 @@ class ShadowRunner:
             self._outstanding -= 1
 
     def primary_busy(self) -> bool:
+        """A user-facing engine has work, or had some less than `idle_ms` ago: under steady traffic the gaps
+        between requests are too short to fit a shadow step without delaying the next user."""
+        now = time.monotonic()
         for slot in self._primaries:
             serving = slot.current
             busy = getattr(serving.engine, "busy", None) if serving is not None else None
             if busy is not None and busy():
+                self._last_busy = now
                 return True
-        return False
+        return now - self._last_busy < self.idle_s
 
     # ------------------------------------------------------------------ the shadow thread
 
@@ -135,7 +142,12 @@ class ShadowRunner:
             except queue.Empty:
                 continue
             try:
-                if time.monotonic() - offer.offered_at > self.timeout:
+                while self.primary_busy() and not self._stop.is_set() and \
+                        time.monotonic() - offer.offered_at <= self.timeout:
+                    time.sleep(0.005)  # even preparing (tokenizing) waits for a quiet moment
+                if self._stop.is_set():
+                    self._count("dropped_draining")
+                elif time.monotonic() - offer.offered_at > self.timeout:
                     self._count("dropped_busy")  # waited out its time behind user traffic
                 else:
                     self._answer(offer)

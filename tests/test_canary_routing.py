@@ -26,10 +26,10 @@ def canary_stop(model: str, version: str, outcome: str = "rolled_back", actor: s
 def test_canary_takes_its_share_labelled_and_counted_per_version_then_unloads(mlops_home, tiny_model, tmp_path):
     import httpx
 
+    from evaluation.server import create_app
     from evaluation.serving_canary import sampled
     from evaluation.serving_log import RequestLogWriter
     from evaluation.serving_metrics import version_stats
-    from evaluation.server import create_app
     from evaluation.testing import serve_in_thread
     from mlops.model_refs import resolve_model_ref
     from mlops.requestlog import read_requests
