@@ -6,21 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-
-def canary_start(model: str, version: str, share: float, until: float, actor: str = "alice") -> None:
-    """The ledger entry `mlops registry canary` writes when it starts (tests write it directly)."""
-    from registry.transition import Plan, run
-
-    run(model, lambda _state: Plan(entries=[dict(actor=actor, action="canary_start", model=model,
-                                                 version=str(version), evidence={"share": share, "until": until},
-                                                 reason="canary")]))
-
-
-def canary_stop(model: str, version: str, outcome: str = "rolled_back", actor: str = "alice") -> None:
-    from registry.transition import Plan, run
-
-    run(model, lambda _state: Plan(entries=[dict(actor=actor, action="canary_stop", model=model, version=str(version),
-                                                 evidence={"outcome": outcome, "reason": "test"}, reason="test")]))
+from evaluation.testing import canary_start, canary_stop
 
 
 def test_canary_takes_its_share_labelled_and_counted_per_version_then_unloads(mlops_home, tiny_model, tmp_path):

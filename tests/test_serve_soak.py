@@ -1,5 +1,6 @@
 """Soak: `mlops serve --follow --shadow` under sustained mixed load (answers, streams, poison, disconnects,
-feedback) keeps its memory, latency and error rate flat, logs every request, and drains on SIGTERM."""
+feedback) keeps its memory, latency and error rate flat, logs every request, routes a ledgered canary, and drains
+on SIGTERM."""
 
 from __future__ import annotations
 
@@ -27,12 +28,24 @@ def _wait_ready(proc, url: str, log_path: Path, headers: dict, timeout: float = 
         time.sleep(0.3)
 
 
+def _versions_until(url: str, headers: dict, done, timeout: float = 90) -> list:
+    import httpx
+
+    seen, deadline = [], time.monotonic() + timeout
+    body = {"messages": [{"role": "user", "content": "Is my refund through?"}], "max_tokens": 2}
+    while not done(seen) and time.monotonic() < deadline:
+        seen.append(httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+                    .headers["x-model-version"])
+    return seen
+
+
 @pytest.mark.slow
 def test_soak_under_mixed_load_keeps_memory_latency_and_errors_flat(mlops_home, tiny_model, tmp_path):
     import httpx
 
     from evaluation.serving_auth import add_key
     from evaluation.serving_soak import render, soak
+    from evaluation.testing import canary_start, canary_stop
     from mlops.files import free_port
     from mlops.requestlog import read_feedback, read_requests
     from mlops.tracking import init_experiment
@@ -60,6 +73,11 @@ def test_soak_under_mixed_load_keeps_memory_latency_and_errors_flat(mlops_home, 
         report = soak(url, seconds=seconds, headers=headers, clients=4, window_s=seconds / 10, pid=proc.pid)
         print(render(report))
         metrics = httpx.get(f"{url}/metrics", headers=headers, timeout=10).text
+        # the registry starts a canary of the candidate: the following server routes to it, then stops
+        canary_start("bot", v2, 0.5, time.time() + 600)
+        during = _versions_until(url, headers, lambda seen: v2 in seen)
+        canary_stop("bot", v2)
+        after = _versions_until(url, headers, lambda seen: seen[-8:] == [v1] * 8)
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=120)
@@ -70,10 +88,13 @@ def test_soak_under_mixed_load_keeps_memory_latency_and_errors_flat(mlops_home, 
     assert drift["rss_ratio"] <= 1.25, drift  # steady state: memory does not climb
     assert drift["p50_ratio"] <= 3.0, drift  # generous: the machine is shared, a leak would show far more
     assert drift["error_rate_first"] == drift["error_rate_last"] == 0
+    assert v2 in during and after[-8:] == [v1] * 8
     model_requests = sum(n for kind, codes in report["by_kind"].items() if kind != "feedback" for n in codes.values())
-    users = read_requests(model="bot", role="user")
-    assert len(users) == model_requests  # every request on a model route was logged, none lost at shutdown
-    assert {r["version"] for r in users} == {v1}
+    users, canaries = read_requests(model="bot", role="user"), read_requests(model="bot", role="canary")
+    # every request on a model route was logged, none lost at shutdown
+    assert len(users) + len(canaries) == model_requests + len(during) + len(after)
+    assert {r["version"] for r in users} == {v1} and {r["version"] for r in canaries} == {v2}
+    assert len(canaries) == during.count(v2) + after.count(v2)
     shadows = read_requests(model="bot", role="shadow")
     assert shadows and {r["version"] for r in shadows} == {v2}
     assert {r["parent_id"] for r in shadows} <= {r["request_id"] for r in users}
