@@ -106,6 +106,7 @@ class Engine:
         # takes the CPU only when the user-facing engine has nothing to do. `yielded_s` sums those waits.
         self.yield_to: Callable[[], bool] | None = None
         self.yielded_s = 0.0
+        self._yielding_since: float | None = None
         self._inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._scoring = ScoringQueue(self)
         self._generating = GenerationQueue(self)
@@ -155,13 +156,19 @@ class Engine:
     def should_yield(self) -> bool:
         return self.yield_to is not None and not self._closed and self.yield_to()
 
+    def yielded(self) -> float:
+        """Seconds spent standing aside so far, the wait in progress included (read from any thread)."""
+        since = self._yielding_since
+        return self.yielded_s + (time.perf_counter() - since if since is not None else 0.0)
+
     def _wait_turn(self) -> None:
         if not self.should_yield():
             return
-        began = time.perf_counter()
+        began = self._yielding_since = time.perf_counter()
         while self.should_yield():
             time.sleep(0.002)
             self.last_progress = time.monotonic()  # waiting by design is not a stall
+        self._yielding_since = None
         self.yielded_s += time.perf_counter() - began
 
     def stalled(self, seconds: float) -> bool:

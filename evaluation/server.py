@@ -88,39 +88,17 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None, request_log=No
     from evaluation.generation import Engine
     from evaluation.serving_http import ServingMiddleware
     from evaluation.serving_log import parse_feedback, request_messages
-    from evaluation.serving_metrics import ServerMetrics
     from evaluation.streaming import stream
 
     # torch threads are process-wide and already set by `serve`: a swapped-in engine keeps them.
     slot.engine_factory = lambda folder: Engine(folder, **engine_options(config))
-    from evaluation.serving_canary import CanaryRoute
-
-    metrics = ServerMetrics()
-    metrics.watch_slot(slot)
-    canary_slot = ModelSlot(f"{slot.name}#canary")
-    canary_slot.engine_factory = slot.engine_factory
-    ctx = ServerContext(slot, config, metrics, keys, canary=CanaryRoute(canary_slot, metrics), shadow=shadow,
-                        request_log=request_log, log_model=log_model)
-    if request_log is not None:
-        request_log.on_count = lambda outcome, n: metrics.request_log_rows.labels(outcome).inc(n)
-        request_log.start()
-    if shadow is not None:
-        shadow.slot.engine_factory = slot.engine_factory
-        shadow.attach(ctx)
-        shadow.start()
-
-    def stop_all() -> None:
-        if shadow is not None:
-            shadow.close()
-        canary_slot.close()
-        slot.close()
-        if request_log is not None:
-            request_log.close()
+    ctx = _context(slot, config, keys, request_log, shadow, log_model)
+    metrics = ctx.metrics
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         yield
-        await run_in_threadpool(stop_all)
+        await run_in_threadpool(_stop, ctx)
 
     app = FastAPI(title="mlops OpenAI-compatible server", version="1", lifespan=lifespan, docs_url=None,
                   redoc_url=None, openapi_url=None)
@@ -266,6 +244,36 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None, request_log=No
         return {"object": "feedback", "id": item.feedback_id, "request_id": item.request_id, "rating": item.rating}
 
     return app
+
+
+def _context(slot: ModelSlot, config: ServeConfig, keys, request_log, shadow, log_model) -> ServerContext:
+    """The shared context, with an (empty) canary slot, and the request log and shadow started."""
+    from evaluation.serving_canary import CanaryRoute
+    from evaluation.serving_metrics import ServerMetrics
+
+    metrics = ServerMetrics()
+    metrics.watch_slot(slot)
+    canary_slot = ModelSlot(f"{slot.name}#canary")
+    canary_slot.engine_factory = slot.engine_factory
+    ctx = ServerContext(slot, config, metrics, keys, canary=CanaryRoute(canary_slot, metrics), shadow=shadow,
+                        request_log=request_log, log_model=log_model)
+    if request_log is not None:
+        request_log.on_count = lambda outcome, n: metrics.request_log_rows.labels(outcome).inc(n)
+        request_log.start()
+    if shadow is not None:
+        shadow.slot.engine_factory = slot.engine_factory
+        shadow.attach(ctx).start()
+    return ctx
+
+
+def _stop(ctx: ServerContext) -> None:
+    """Shadow first (its queue is dropped, counted), then the engines, then the log writes what it holds."""
+    if ctx.shadow is not None:
+        ctx.shadow.close()
+    ctx.canary.slot.close()
+    ctx.slot.close()
+    if ctx.request_log is not None:
+        ctx.request_log.close()
 
 
 def serve(model_dir: Path | str, profile: DeploymentProfile, *, host: str = "127.0.0.1", port: int = 8000,

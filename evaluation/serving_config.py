@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from mlops.config import StrictModel
 
@@ -41,6 +41,16 @@ class ShadowConfig(StrictModel):
                            "the shadow takes a step (so it never fills the short gaps of steady traffic)")
     scorer: str | None = Field(None, description="win-rate scorer of `mlops shadow report` (e.g. reference_overlap: "
                                "closer to the corrections users sent wins)")
+
+
+    @field_validator("scorer")
+    @classmethod
+    def _known_scorer(cls, name: str | None) -> str | None:
+        if name is not None:
+            from evaluation.shadow import SCORERS
+
+            SCORERS.get(name)  # unknown: "did you mean ...?"
+        return name
 
 
 class ServeConfig(StrictModel):

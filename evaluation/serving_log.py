@@ -60,12 +60,22 @@ def answered_row(model: str, record: dict, serving, capture: dict) -> LoggedRequ
     if response is None:
         response = "".join(capture.get("parts") or ())  # streamed, possibly cut short by a disconnect
     return LoggedRequest(
-        record["request_id"], model, serving.version, record["route"], capture.get("messages") or [], response,
+        record["request_id"], model[:256], log_version(serving.version), record["route"], capture.get("messages") or [],
+        response,
         status=record["status"], role=record.get("role") or "user", profile_hash=serving.profile_hash,
         latency_ms=record["latency_ms"] or 0.0, ttft_ms=record.get("ttft_ms"),
         tokens_in=record.get("prompt_tokens") or 0, tokens_out=record.get("completion_tokens") or 0,
         error=capture.get("error"),
     )
+
+
+def log_version(version: str) -> str:
+    """A version as the log's column holds it: registry versions are short; a folder's name may not be."""
+    if len(version) <= 40:
+        return version
+    import hashlib
+
+    return version[:31] + "~" + hashlib.sha1(version.encode()).hexdigest()[:8]
 
 
 class RequestLogWriter:

@@ -59,6 +59,7 @@ class ShadowRunner:
         self._primaries: list = []
         self._ctx = None
         self._outstanding = 0  # offers queued or running
+        self._job = None  # the generation running now (cancelled when the server stops)
         self._lock = threading.Lock()
         slot.listeners.append(self._lower_priority)
         if slot.current is not None:
@@ -98,6 +99,9 @@ class ShadowRunner:
     def close(self, timeout: float = 10.0) -> None:
         """Stop taking offers; what is queued is dropped (counted): a stopping server waits for users, not shadows."""
         self._stop.set()
+        job = self._job
+        if job is not None:
+            job.cancelled.set()
         if self._thread is not None:
             self._thread.join(timeout)
         self.slot.close()
@@ -167,7 +171,7 @@ class ShadowRunner:
     def _answer(self, offer: _Offer) -> None:
         from evaluation.api_schema import ApiError
         from evaluation.completions import View, prepare_chat, prepare_completion
-        from evaluation.serving_log import request_messages
+        from evaluation.serving_log import log_version, request_messages
         from evaluation.slot import SlotError
         from mlops.requestlog import LoggedRequest
 
@@ -179,7 +183,8 @@ class ShadowRunner:
             return
         try:
             view = View(ctx.slot.name, serving, ctx.config)
-            row = LoggedRequest(f"{offer.request_id}:shadow", ctx.log_model or ctx.slot.name, serving.version,
+            row = LoggedRequest(f"{offer.request_id}:shadow", (ctx.log_model or ctx.slot.name)[:256],
+                                log_version(serving.version),
                                 offer.route, [], "", role="shadow", parent_id=offer.request_id,
                                 profile_hash=serving.profile_hash)
             prepare = prepare_chat if offer.route == "/v1/chat/completions" else prepare_completion
@@ -196,18 +201,24 @@ class ShadowRunner:
 
     def _generate(self, serving, prep, row) -> None:
         engine = serving.engine
-        yielded, started = engine.yielded_s, time.perf_counter()
-        job = engine.generate(prep.prompts[0], prep.params[0], owner=object())
+        yielded, started = engine.yielded(), time.perf_counter()
+        job = self._job = engine.generate(prep.prompts[0], prep.params[0], owner=object())
         outcome = "answered"
         try:
             gen = job.future.result(timeout=self.timeout)
             row.response, row.tokens_out = gen.text, len(gen.tokens)
+            if gen.finish_reason == "cancelled":  # the server is stopping
+                row.status, row.error, outcome = 503, "the server stopped before the shadow answered", \
+                    "dropped_draining"
         except concurrent.futures.TimeoutError:
             job.cancelled.set()
             row.status, row.error, outcome = 504, f"the shadow answer took longer than {self.timeout:g} s", "timed_out"
+            if engine.yielded() - yielded > self.timeout / 2:  # starved by user traffic, not slow of its own
+                outcome = "dropped_busy"
         except Exception as err:  # noqa: BLE001 - the candidate's failure, recorded as such
             row.status, row.error, outcome = 500, f"{type(err).__name__}: {err}", "failed"
-        stood_aside = engine.yielded_s - yielded
+        self._job = None
+        stood_aside = engine.yielded() - yielded
         row.latency_ms = round(max(0.0, time.perf_counter() - started - stood_aside) * 1000, 1)
         if job.first_token_at is not None and stood_aside == 0:  # unknown how much of a wait came before it
             row.ttft_ms = round((job.first_token_at - started) * 1000, 1)
@@ -215,7 +226,9 @@ class ShadowRunner:
 
     def _finish(self, row, outcome: str) -> None:
         ctx = self._ctx
-        if ctx.request_log is not None:
+        # Only the candidate's own answers and failures are evidence: one cut short by user traffic or by the
+        # server stopping says nothing about it, and is only counted.
+        if ctx.request_log is not None and not outcome.startswith("dropped"):
             ctx.request_log.submit(row)
         if outcome == "answered":
             ctx.metrics.shadow_latency.labels(row.version).observe(row.latency_ms / 1000)
@@ -227,3 +240,4 @@ class ShadowRunner:
             serving = self.slot.current
             version = version or (serving.version if serving is not None else "-")
             self._ctx.metrics.shadow_requests.labels(version, outcome).inc()
+

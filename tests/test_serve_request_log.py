@@ -115,10 +115,11 @@ def test_retention_prunes_old_rows_when_the_writer_starts(mlops_home):
     assert writer.pruned == 1 and [r["request_id"] for r in read_requests()] == ["new"]
 
 
-def test_request_log_config_is_typed_and_names_bad_values():
+def test_request_log_and_shadow_config_is_typed_and_names_bad_values():
     from pydantic import ValidationError
 
     from evaluation.serving_config import ServeConfig
+    from mlops.errors import NotFoundError
 
     cfg = ServeConfig.model_validate({"request_log": {"retention_days": 7, "queue": 100},
                                       "shadow": {"share": 0.2}})
@@ -127,3 +128,21 @@ def test_request_log_config_is_typed_and_names_bad_values():
         ServeConfig.model_validate({"request_log": {"retention_days": 0}})
     with pytest.raises(ValidationError, match="keep_forever"):
         ServeConfig.model_validate({"request_log": {"keep_forever": True}})
+    with pytest.raises(NotFoundError, match="did you mean 'reference_overlap'"):
+        ServeConfig.model_validate({"shadow": {"scorer": "reference_overla"}})
+
+
+def test_the_writer_works_on_postgresql_with_duplicates_and_long_folder_names(postgres_url):
+    from evaluation.serving_log import RequestLogWriter, log_version
+    from mlops.requestlog import LoggedRequest, read_requests
+
+    long_name = "checkpoint-folder-of-a-sweep-trial-number-0042-best"
+    writer = RequestLogWriter(url=postgres_url, flush_seconds=0.01, retention_days=None)
+    for rid in ("a", "a", "b"):
+        writer.submit(LoggedRequest(rid, "bot", log_version(long_name), "/v1/completions", [], rid))
+    writer.start()
+    assert writer.flush(30)
+    writer.close()
+    rows = read_requests(url=postgres_url)
+    assert sorted(r["request_id"] for r in rows) == ["a", "b"] and writer.counts["duplicate"] == 1
+    assert len(rows[0]["version"]) <= 40 and rows[0]["version"].startswith(long_name[:31])
