@@ -134,7 +134,7 @@ class ServingMiddleware:
                 from evaluation.serving_log import answered_row
 
                 ctx.request_log.submit(answered_row(ctx.log_model or ctx.slot.name, record, serving, capture))
-            if (ctx.shadow is not None and record["status"] == 200 and record["role"] == "user"
+            if (ctx.shadow is not None and record["status"] == 200 and record["role"] == "user" and not record.get("failed")
                     and capture.get("shadowable") and isinstance(body, bytes)):
                 ctx.shadow.offer(record["request_id"], record["route"], body)
         except Exception as err:  # noqa: BLE001 - the answer is sent; logging it must never fail it
