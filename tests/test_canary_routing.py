@@ -116,3 +116,30 @@ def test_a_canary_that_fails_to_load_leaves_all_traffic_on_the_serving_version(m
     assert app.state.slot.current.version == v1 and "the canary could not be started" in caplog.text
     follower.poll_once()  # not retried at every poll
     assert follower.canary_events == [f"failed {v2}"]
+
+
+def test_version_stats_gives_a_windows_requests_error_rate_and_p95_per_version():
+    from evaluation.serving_metrics import ServerMetrics, version_stats
+
+    metrics = ServerMetrics()
+
+    def answer(version, role, status, seconds, failed=False):
+        metrics.observe({"route": "/v1/chat/completions", "method": "POST", "status": status, "model_version": version,
+                         "role": role, "latency_ms": seconds * 1000, "failed": failed})
+
+    for _ in range(50):
+        answer("1", "user", 200, 0.03)
+    before = metrics.render()[0].decode()
+    for i in range(100):
+        answer("1", "user", 200, 0.2)
+        answer("2", "canary", 500 if i < 5 else 200, 0.2 if i < 90 else 4.0, failed=False)
+    answer("2", "canary", 200, 0.2, failed=True)  # a stream that broke after its 200
+    answer("2", "canary", 400, 0.01)  # the client's mistake: no error of the version
+    metrics.observe({"route": "/v1/models", "method": "GET", "status": 500, "model_version": "2", "latency_ms": 1})
+    stats = version_stats(metrics.render()[0].decode(), before)
+    assert stats["1"]["requests"] == 100 and stats["1"]["errors"] == 0 and stats["1"]["by_role"] == {"user": 100}
+    assert 0.1 < stats["1"]["p95_seconds"] <= 0.25  # the window's, not the fast answers before it
+    assert stats["2"]["requests"] == 102 and stats["2"]["errors"] == 6
+    assert abs(stats["2"]["error_rate"] - 6 / 102) < 1e-9
+    assert 2.5 < stats["2"]["p95_seconds"] <= 5.0  # the slow tenth shows in the p95
+    assert version_stats(metrics.render()[0].decode())["1"]["requests"] == 150  # without a window: since start

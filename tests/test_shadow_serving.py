@@ -162,3 +162,19 @@ def test_the_shadowed_share_is_the_sampled_request_ids(mlops_home, tiny_model, p
     shadowed = sorted(r["parent_id"] for r in read_requests(role="shadow"))
     expected = sorted(rid for rid in ids if sampled(rid, 0.3, "shadow"))
     assert shadowed == expected and 3 <= len(expected) <= 18
+
+
+def test_serve_refuses_a_shadow_without_a_share_or_without_a_request_log(mlops_home, tiny_model):
+    import os
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "mlops", "serve", "--model", tiny_model["path"], "--no-auth",
+            "--shadow", tiny_model["path"]]
+    env = {**os.environ, "MLOPS_HOME": str(mlops_home)}
+    no_share = subprocess.run(base, capture_output=True, text=True, env=env, timeout=300)
+    no_log = subprocess.run([*base, "--shadow-share", "0.2", "serve.request_log.enabled=false"], capture_output=True,
+                            text=True, env=env, timeout=300)
+    assert no_share.returncode != 0 and "--shadow-share 0.2" in no_share.stderr, no_share.stderr[-2000:]
+    assert no_log.returncode != 0 and "serve.request_log.enabled" in no_log.stderr, no_log.stderr[-2000:]
+    assert "Traceback" not in no_share.stderr + no_log.stderr
