@@ -143,6 +143,9 @@ class GenerationQueue:
         running = [r for r in self.batch.rows if not r.finish] if self.batch is not None else []
         if self.waiting or self.batch is None:
             chosen = self._plan(running)
+            if not chosen:  # every row was cancelled (clients left): nothing to decode
+                self.batch = None
+                return
             if self.batch is None or chosen != running:
                 try:
                     self.batch = Batch(self.engine.model, chosen, self.engine.pad_id)
