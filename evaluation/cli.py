@@ -38,6 +38,10 @@ def serve(
     follow: bool = typer.Option(False, "--follow", help="follow the alias in --model: swap to the version the "
                                 "registry's ledger moves it to (promotion, rollback)"),
     poll_interval: float = typer.Option(1.0, min=0.1, help="seconds between registry checks with --follow"),
+    shadow: str | None = typer.Option(None, "--shadow", help="a candidate that answers a share of requests again in "
+                                      "the background, e.g. models:/name@candidate (logged, never shown to users)"),
+    shadow_share: float | None = typer.Option(None, "--shadow-share", min=0.0, max=1.0,
+                                              help="share of requests shadowed (default: serve.shadow.share)"),
     config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file (its serve: section)"),
     overrides: list[str] | None = typer.Argument(None, help="key=value overrides, e.g. serve.max_prompts=32",
                                                  show_default=False),
@@ -53,8 +57,11 @@ def serve(
     serve_cfg = cfg.serve or ServeConfig()
     if drain_timeout is not None:
         serve_cfg = serve_cfg.model_copy(update={"drain_timeout": drain_timeout})
+    if shadow_share is not None:
+        serve_cfg = serve_cfg.model_copy(update={"shadow": serve_cfg.shadow.model_copy(update={"share": shadow_share})})
     follower = _follower(model, poll_interval) if follow else None
     resolved = resolve_model_ref(f"models:/{follower.model}/{follower.target()}" if follower else model)
+    shadow_target, shadow_follower = _shadow(shadow, serve_cfg, follow, poll_interval) if shadow else (None, None)
     chosen, diffs = choose_eval_profile(resolved.profile(), read_profile(profile) if profile else None,
                                         force=force_profile)
     problem = check_template(chosen, resolved.hf_dir)
@@ -70,10 +77,52 @@ def serve(
         served = name or f"{follower.model}@{follower.alias}"
         typer.echo(f"following {follower.model}@{follower.alias} in the registry's ledger every {poll_interval:g} s",
                    err=True)
+    if shadow_target:
+        typer.echo(f"shadowing {serve_cfg.shadow.share:.0%} of requests on version {shadow_target.version} "
+                   f"({shadow_target.model_dir}){' following ' + shadow if shadow_follower else ''}", err=True)
+
+    def on_app(app) -> None:
+        if follower:
+            follower.attach(app.state.slot, canary=app.state.canary).start()
+        if shadow_follower:
+            shadow_follower.attach(app.state.ctx.shadow.slot).start()
+
     code = run_server(resolved.hf_dir, chosen, host=host, port=port, model_name=served,
                       version=resolved.version or resolved.served_name, threads=threads, config=serve_cfg, keys=keys,
-                      on_app=(lambda app: follower.attach(app.state.slot).start()) if follower else None)
+                      on_app=on_app, log_model=follower.model if follower else (resolved.name or resolved.served_name),
+                      shadow=shadow_target)
     raise typer.Exit(code)
+
+
+def _shadow(ref: str, serve_cfg, follow: bool, interval: float):
+    """(ShadowTarget, a follower for its alias or None) for `--shadow`; `@candidate` is the newest candidate."""
+    from evaluation.serving_shadow import ShadowTarget
+    from mlops.errors import ConfigError, NotFoundError
+    from mlops.model_refs import MODELS_RE, resolve_model_ref
+    from mlops.profile import ProfileMismatchError, check_template
+    from registry.follow import Follower
+
+    if serve_cfg.shadow.share <= 0:
+        raise ConfigError(f"--shadow {ref} needs a share of requests to shadow; serve.shadow.share is 0. Fix: pass "
+                          "--shadow-share 0.2 (20% of requests).")
+    if not serve_cfg.request_log.enabled:
+        raise ConfigError("--shadow answers go only to the request log, and serve.request_log.enabled is false. Fix: "
+                          "turn the request log on (serve.request_log.enabled=true) or serve without --shadow.")
+    match, follower = MODELS_RE.match(ref.strip()), None
+    if match and match["alias"]:
+        follower = Follower(match["name"], match["alias"], slot=None, interval=interval)
+        version = follower.target()
+        if version is None:
+            raise NotFoundError(f"--shadow {ref}: no version of '{match['name']}' holds @{match['alias']} in the "
+                                "registry's ledger. Fix: register a candidate, or name a version (models:/name/3).")
+        ref = f"models:/{match['name']}/{version}"
+    resolved = resolve_model_ref(ref)
+    profile = resolved.profile()
+    problem = check_template(profile, resolved.hf_dir)
+    if problem:
+        raise ProfileMismatchError(f"--shadow {ref}: {problem}. Fix: register the candidate with its own profile.")
+    target = ShadowTarget(resolved.hf_dir, profile, resolved.version or resolved.served_name)
+    return target, follower if follow else None
 
 
 def _follower(model: str, interval: float):
@@ -230,10 +279,40 @@ def contamination(
     typer.echo(json.dumps(report, indent=2))
 
 
+shadow_app = typer.Typer(help="Compare a shadowed candidate's answers with the answers users got.",
+                         no_args_is_help=True)
+
+
+@shadow_app.command("report")
+def shadow_report(
+    model: str = typer.Argument(..., help="registered model name"),
+    version: str = typer.Argument(..., help="the candidate version that ran as a shadow"),
+    since: str | None = typer.Option(None, help="only shadow answers since: 24h, 7d, an ISO time or epoch seconds"),
+    scorer: str | None = typer.Option(None, help="win-rate scorer (default: serve.shadow.scorer), e.g. "
+                                      "reference_overlap"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+    config: Path | None = ConfigOpt,
+    overrides: list[str] | None = OverridesArg,
+) -> None:
+    """Agreement, length and latency deltas, refusal and error rates, and a win rate with a scorer."""
+    from evaluation.serving_config import ServeConfig
+    from evaluation.shadow import SCORERS, parse_since, render, shadow_evidence
+    from mlops.cli_options import load
+
+    serve_cfg = load(config, overrides).serve or ServeConfig()
+    scorer = scorer or serve_cfg.shadow.scorer
+    if scorer:
+        SCORERS.get(scorer)  # an unknown name fails before the log is read
+    report = shadow_evidence(model, version, since=parse_since(since), scorer=scorer,
+                             url=serve_cfg.request_log.database)
+    typer.echo(json.dumps(report, indent=2) if as_json else render(report))
+
+
 def register(app: typer.Typer) -> None:
-    """Add `serve`, `serve-keys`, `eval`, `gate` and `contamination` to the top-level app."""
+    """Add `serve`, `serve-keys`, `shadow`, `eval`, `gate` and `contamination` to the top-level app."""
     app.command("serve")(serve)
     app.add_typer(keys_app, name="serve-keys")
+    app.add_typer(shadow_app, name="shadow")
     app.command("eval")(eval_command)
     app.command("gate")(gate)
     app.command("contamination")(contamination)

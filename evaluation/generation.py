@@ -102,6 +102,11 @@ class Engine:
         self.gen_batches: list[int] = []  # rows per generation batch
         self.observer: Callable[[str, int, int], None] | None = None  # (kind, rows, tokens) per batch
         self.last_progress = time.monotonic()
+        # Lower priority (a shadow model): while this says True the worker waits between decode steps, so it
+        # takes the CPU only when the user-facing engine has nothing to do. `yielded_s` sums those waits.
+        self.yield_to: Callable[[], bool] | None = None
+        self.yielded_s = 0.0
+        self._yielding_since: float | None = None
         self._inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._scoring = ScoringQueue(self)
         self._generating = GenerationQueue(self)
@@ -144,6 +149,28 @@ class Engine:
         """Requests waiting for the worker (approximate: read without the worker's lock)."""
         return self._inbox.qsize() + len(self._scoring.jobs) + len(self._generating.waiting)
 
+    def busy(self) -> bool:
+        """Work waits or runs (approximate, read from any thread)."""
+        return self.queue_depth() > 0 or self._generating.batch is not None
+
+    def should_yield(self) -> bool:
+        return self.yield_to is not None and not self._closed and self.yield_to()
+
+    def yielded(self) -> float:
+        """Seconds spent standing aside so far, the wait in progress included (read from any thread)."""
+        since = self._yielding_since
+        return self.yielded_s + (time.perf_counter() - since if since is not None else 0.0)
+
+    def _wait_turn(self) -> None:
+        if not self.should_yield():
+            return
+        began = self._yielding_since = time.perf_counter()
+        while self.should_yield():
+            time.sleep(0.002)
+            self.last_progress = time.monotonic()  # waiting by design is not a stall
+        self._yielding_since = None
+        self.yielded_s += time.perf_counter() - began
+
     def stalled(self, seconds: float) -> bool:
         """True when work waits and the worker has made no progress for `seconds`."""
         busy = self.queue_depth() > 0 or self._generating.batch is not None
@@ -181,6 +208,7 @@ class Engine:
             if not self._intake(block=not self._has_work()):
                 return
             self.last_progress = time.monotonic()
+            self._wait_turn()
             generating = self._generating.pending()
             try:
                 if self._scoring.jobs and (self._turn == "score" or not generating):

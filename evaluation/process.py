@@ -37,6 +37,7 @@ class ServerProcess:
             sys.executable, "-m", "mlops", "serve", "--model", str(hf_dir), "--profile", str(profile_file),
             "--name", name, "--host", "127.0.0.1", "--port", str(self.port), "--keys-file", str(self.keys_file),
             *(["--force-profile"] if force_profile else []),
+            "serve.request_log.enabled=false",  # eval traffic is no user traffic: never harvested or spot-checked
         ]
 
     @property

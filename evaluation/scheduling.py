@@ -65,6 +65,7 @@ class ScoringQueue:
                 self._store(job, indices, results[start : start + len(indices)])
                 start += len(indices)
         self.engine.batches.append(len(prompts))
+        keep_recent(self.engine.batches)
         if self.engine.observer:
             self.engine.observer("score", len(prompts), sum(len(p) for p in prompts))
 
@@ -142,6 +143,9 @@ class GenerationQueue:
         running = [r for r in self.batch.rows if not r.finish] if self.batch is not None else []
         if self.waiting or self.batch is None:
             chosen = self._plan(running)
+            if not chosen:  # every row was cancelled (clients left): nothing to decode
+                self.batch = None
+                return
             if self.batch is None or chosen != running:
                 try:
                     self.batch = Batch(self.engine.model, chosen, self.engine.pad_id)
@@ -150,6 +154,7 @@ class GenerationQueue:
                     self._retry_alone(chosen, err)
                     return
                 self.engine.gen_batches.append(len(chosen))
+                keep_recent(self.engine.gen_batches)
                 if self.engine.observer:
                     self.engine.observer("generate", len(chosen), self.batch.tokens)
         batch, steps = self.batch, 0
@@ -160,6 +165,8 @@ class GenerationQueue:
                 self.engine.last_progress = time.monotonic()
                 steps += 1
                 if self._turn_over(batch, steps):
+                    break
+                if self.engine.should_yield():  # a lower-priority engine steps aside after every step
                     break
         except Exception as err:  # noqa: BLE001 - a forward pass failed: find the row that fails alone
             self.batch = None
@@ -239,6 +246,12 @@ class GenerationQueue:
                 row.error = err
         if row.error is not None:
             settle(job.future, error=row.error)
+
+
+def keep_recent(values: list, limit: int = 4096) -> None:
+    """Batch-size histories are for tests and recent metrics: a server that runs for weeks must not grow them."""
+    if len(values) > 2 * limit:
+        del values[:-limit]
 
 
 def _same_question(previous: list[int], prompt: list[int]) -> bool:

@@ -2,10 +2,14 @@
 
 Endpoints: /v1/completions (string or token-id prompts, echo + logprobs for loglikelihood scoring),
 /v1/chat/completions (the model's chat template, the profile's system prompt and stops, SSE streaming),
-/v1/models, /v1/models/{id}, /tokenizer_info, /tokenize, /detokenize (vLLM style), /health (the process is
-alive), /ready (a model is loaded and answering), /metrics (Prometheus). Every request gets an id (the
-`X-Request-ID` header, taken from the client when it sends a safe one); model responses name the version
-that answered in `X-Model-Version`.
+/v1/models, /v1/models/{id}, /tokenizer_info, /tokenize, /detokenize (vLLM style), /v1/feedback (a rating and
+an optional correction of a logged answer), /health (the process is alive), /ready (a model is loaded and
+answering), /metrics (Prometheus). Every request gets an id (the `X-Request-ID` header, taken from the client
+when it sends a safe one); model responses name the version that answered in `X-Model-Version`.
+
+Around the main slot: a canary slot that takes a share of generation requests while the registry runs a canary
+(`serving_canary`), a shadow model that answers a share again in the background (`serving_shadow`), and the
+request log every generation answer goes to (`serving_log`).
 
 String prompts are tokenized without special tokens, exactly as lm-eval's `hf` model does: a server that
 prepends BOS would shift loglikelihoods by several nats.
@@ -35,6 +39,10 @@ class ServerContext:
     config: ServeConfig
     metrics: object  # serving_metrics.ServerMetrics
     keys: object | None = None  # serving_auth.KeyStore; None: no auth
+    canary: object | None = None  # serving_canary.CanaryRoute (empty until the registry starts a canary)
+    shadow: object | None = None  # serving_shadow.ShadowRunner
+    request_log: object | None = None  # serving_log.RequestLogWriter; None: nothing is logged, no feedback
+    log_model: str | None = None  # the model's name in the request log (the registered name)
     draining: bool = False
     cut: int = 0  # requests cut by the drain timeout
 
@@ -45,11 +53,11 @@ def engine_options(config: ServeConfig) -> dict:
 
 
 def create_app(model_dir: Path | str, profile: DeploymentProfile, *, model_name: str | None = None, engine=None,
-               version: str | None = None, config: ServeConfig | None = None, keys=None):
+               version: str | None = None, config: ServeConfig | None = None, keys=None, **parts):
     """The app serving `model_dir` under `profile`; `engine` may be shared (tests, benchmarks).
 
     `keys` (a `serving_auth.KeyStore`) turns API keys on; without it every route is open, which is what
-    `mlops serve --no-auth` does for local use.
+    `mlops serve --no-auth` does for local use. `parts` go to `build_app` (request_log, shadow, log_model).
     """
     from evaluation.generation import Engine
 
@@ -57,11 +65,18 @@ def create_app(model_dir: Path | str, profile: DeploymentProfile, *, model_name:
     model_dir = Path(model_dir)
     slot = ModelSlot(model_name or model_dir.name)
     slot.swap(engine or Engine(model_dir, **engine_options(config)), profile, version or slot.name, model_dir=model_dir)
-    return build_app(slot, config, keys=keys)
+    return build_app(slot, config, keys=keys, **parts)
 
 
-def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None):
-    """The app for a model slot; `app.state.slot` is the slot a registry follower swaps versions into."""
+def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None, request_log=None, shadow=None,
+              log_model: str | None = None):
+    """The app for a model slot; `app.state.slot` is the slot a registry follower swaps versions into, and
+    `app.state.canary` the canary route it loads a canary into.
+
+    `request_log` (a started or unstarted `serving_log.RequestLogWriter`) logs every generation answer and turns
+    /v1/feedback on; `shadow` (a `serving_shadow.ShadowRunner`) answers a share of requests again in the
+    background. The app starts both and stops them when it shuts down.
+    """
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response
@@ -71,28 +86,30 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None):
     from evaluation.completions import View, prepare_chat, prepare_completion, run
     from evaluation.generation import Engine
     from evaluation.serving_http import ServingMiddleware
-    from evaluation.serving_metrics import ServerMetrics
+    from evaluation.serving_log import parse_feedback, request_messages
     from evaluation.streaming import stream
 
     # torch threads are process-wide and already set by `serve`: a swapped-in engine keeps them.
     slot.engine_factory = lambda folder: Engine(folder, **engine_options(config))
-    metrics = ServerMetrics()
-    metrics.watch_slot(slot)
-    ctx = ServerContext(slot, config, metrics, keys)
+    ctx = _context(slot, config, keys, request_log, shadow, log_model)
+    metrics = ctx.metrics
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         yield
-        await run_in_threadpool(slot.close)
+        await run_in_threadpool(_stop, ctx)
 
     app = FastAPI(title="mlops OpenAI-compatible server", version="1", lifespan=lifespan, docs_url=None,
                   redoc_url=None, openapi_url=None)
-    app.state.slot, app.state.ctx = slot, ctx
+    app.state.slot, app.state.ctx, app.state.canary = slot, ctx, ctx.canary
     app.add_middleware(ServingMiddleware, ctx=ctx)
 
     def error(request: Request, err: ApiError) -> JSONResponse:
         rid = getattr(request.state, "request_id", "-")
         log.info("request_id=%s answered %d %s: %s", rid, err.status, err.code, err.message)
+        capture = getattr(request.state, "capture", None)
+        if capture is not None:
+            capture["error"] = err.message
         return JSONResponse(err.body(rid), status_code=err.status)
 
     @app.exception_handler(ApiError)
@@ -183,12 +200,17 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None):
         v = view(request)
         prep = await run_in_threadpool(prepare, v, await request.body())
         request.state.access["prompt_tokens"] = sum(len(p) for p in prep.prompts)
+        capture = request.state.capture
+        capture["scoring"] = not prep.chat and prep.body.echo
+        capture["shadowable"] = not capture["scoring"] and len(prep.prompts) == 1
+        capture["messages"] = request_messages(prep, v.engine.tokenizer)
         if prep.body.stream:
             return stream(v, prep, request, request.state.request_id)
         out = await run(v, prep, request, request.state.request_id)
         if out is None:  # the client went away; its work was cancelled
             return Response(status_code=499)
         request.state.access["completion_tokens"] = out["usage"]["completion_tokens"]
+        capture["response"] = "\n".join(c["message"]["content"] if prep.chat else c["text"] for c in out["choices"])
         return Response(await run_in_threadpool(as_json, lambda: out), media_type="application/json")
 
     @app.post("/v1/completions")
@@ -199,21 +221,98 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None):
     async def chat(request: Request):
         return await generate(request, prepare_chat)
 
+    @app.post("/v1/feedback")
+    async def feedback(request: Request):
+        if request_log is None:
+            raise ApiError(404, "feedback is not taken here: this server keeps no request log "
+                           "(serve.request_log.enabled is false).", code="feedback_disabled")
+        identity = getattr(request.state, "identity", None)
+        item = parse_feedback(await request.body(), identity.name if identity is not None else None)
+        try:
+            if not await run_in_threadpool(request_log.known, item.request_id):
+                raise ApiError(404, f"no answer with request id '{item.request_id}' is in the request log; send the "
+                               "X-Request-ID of an answer from this service.", param="request_id",
+                               code="request_not_found")
+            await run_in_threadpool(request_log.write_feedback, item)
+        except ApiError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the database is unreachable: say so, keep serving
+            log.error("request_id=%s feedback not stored: %s: %s", request.state.request_id, type(err).__name__, err)
+            raise ApiError(503, "the feedback could not be stored (the request log's database is unreachable); "
+                           "try again later.", code="feedback_unavailable") from None
+        return {"object": "feedback", "id": item.feedback_id, "request_id": item.request_id, "rating": item.rating}
+
     return app
+
+
+def _context(slot: ModelSlot, config: ServeConfig, keys, request_log, shadow, log_model) -> ServerContext:
+    """The shared context, with an (empty) canary slot, and the request log and shadow started."""
+    from evaluation.serving_canary import CanaryRoute
+    from evaluation.serving_metrics import ServerMetrics
+
+    metrics = ServerMetrics()
+    metrics.watch_slot(slot)
+    canary_slot = ModelSlot(f"{slot.name}#canary")
+    canary_slot.engine_factory = slot.engine_factory
+    ctx = ServerContext(slot, config, metrics, keys, canary=CanaryRoute(canary_slot, metrics), shadow=shadow,
+                        request_log=request_log, log_model=log_model)
+    if request_log is not None:
+        request_log.on_count = lambda outcome, n: metrics.request_log_rows.labels(outcome).inc(n)
+        request_log.start()
+    if shadow is not None:
+        shadow.slot.engine_factory = slot.engine_factory
+        shadow.attach(ctx).start()
+    return ctx
+
+
+def _stop(ctx: ServerContext) -> None:
+    """Shadow first (its queue is dropped, counted), then the engines, then the log writes what it holds."""
+    if ctx.shadow is not None:
+        ctx.shadow.close()
+    ctx.canary.slot.close()
+    ctx.slot.close()
+    if ctx.request_log is not None:
+        ctx.request_log.close()
 
 
 def serve(model_dir: Path | str, profile: DeploymentProfile, *, host: str = "127.0.0.1", port: int = 8000,
           model_name: str | None = None, version: str | None = None, threads: int | None = None,
-          config: ServeConfig | None = None, keys=None, on_app=None) -> int:
-    """Run the server until SIGTERM/SIGINT; returns the exit code (0: every running request finished)."""
+          config: ServeConfig | None = None, keys=None, on_app=None, log_model: str | None = None,
+          shadow=None) -> int:
+    """Run the server until SIGTERM/SIGINT; returns the exit code (0: every running request finished).
+
+    `shadow` (a `serving_shadow.ShadowTarget`) loads a candidate that answers `serve.shadow.share` of the requests
+    again in the background; `log_model` names the model in the request log (`serve.request_log`).
+    """
     from evaluation.generation import Engine, default_threads
+    from evaluation.serving_log import RequestLogWriter
     from evaluation.serving_signals import run_until_signal
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     config = config or ServeConfig()
+    request_log = None
+    if config.request_log.enabled:
+        from mlops.requestlog import log_url
+
+        log_url(config.request_log.database)  # a store that cannot be named fails now, not on the first request
+        request_log = RequestLogWriter.from_config(config.request_log)
     engine = Engine(model_dir, threads=threads or default_threads(), **engine_options(config))
+    runner = _shadow_runner(shadow, config, model_name or Path(model_dir).name) if shadow is not None else None
     app = create_app(model_dir, profile, model_name=model_name, engine=engine, version=version, config=config,
-                     keys=keys)
+                     keys=keys, request_log=request_log, shadow=runner, log_model=log_model)
     if on_app is not None:  # e.g. a registry follower that swaps versions into app.state.slot
         on_app(app)
     return run_until_signal(app, host=host, port=port, drain_timeout=config.drain_timeout)
+
+
+def _shadow_runner(target, config: ServeConfig, name: str):
+    from evaluation.generation import Engine
+    from evaluation.serving_shadow import ShadowRunner
+
+    slot = ModelSlot(f"{name}#shadow")
+    slot.swap(Engine(target.model_dir, **engine_options(config)), target.profile, target.version,
+              model_dir=target.model_dir)
+    log.info("shadow: version %s answers %.0f%% of requests in the background", target.version,
+             config.shadow.share * 100)
+    return ShadowRunner(slot, share=config.shadow.share, queue_size=config.shadow.queue,
+                        timeout=config.shadow.timeout_seconds, idle_ms=config.shadow.idle_ms)

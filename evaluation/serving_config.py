@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from mlops.config import StrictModel
 
@@ -15,6 +15,42 @@ class AuthConfig(StrictModel):
         DEFAULT_KEYS_FILE, description="hashed API keys (`mlops serve keys add`); relative to the project home"
     )
     open_metrics: bool = Field(False, description="serve /metrics without a key (a scraper on a private network)")
+
+
+class RequestLogConfig(StrictModel):
+    enabled: bool = Field(True, description="log every generation request and answer (PII-scrubbed) for shadow "
+                          "reports, spot-checks and `mlops data harvest`; eval servers turn it off")
+    database: str | None = Field(
+        None, description="SQLAlchemy URL of the log's database (default: MLOPS_REQUEST_LOG_DB, MLOPS_REGISTRY_DB, "
+        "then the tracking database)"
+    )
+    retention_days: float = Field(30.0, gt=0, description="rows older than this are pruned at start and daily")
+    queue: int = Field(10000, ge=1, description="rows waiting for the writer; beyond it rows are dropped (counted) "
+                       "rather than delaying a user")
+    batch_rows: int = Field(200, ge=1, description="rows written per database transaction")
+    flush_seconds: float = Field(0.5, gt=0, description="longest a row waits before it is written")
+
+
+class ShadowConfig(StrictModel):
+    share: float = Field(0.0, ge=0.0, le=1.0, description="share of user requests also answered by the shadow "
+                         "model in the background (`--shadow-share`)")
+    queue: int = Field(16, ge=1, description="shadow requests waiting; more are dropped (counted), never waited for")
+    timeout_seconds: float = Field(120.0, gt=0, description="a shadow answer not done this long after it started "
+                                   "is cancelled and counted as timed out")
+    idle_ms: float = Field(50.0, ge=0, description="the user-facing engines must have been idle this long before "
+                           "the shadow takes a step (so it never fills the short gaps of steady traffic)")
+    scorer: str | None = Field(None, description="win-rate scorer of `mlops shadow report` (e.g. reference_overlap: "
+                               "closer to the corrections users sent wins)")
+
+
+    @field_validator("scorer")
+    @classmethod
+    def _known_scorer(cls, name: str | None) -> str | None:
+        if name is not None:
+            from evaluation.shadow import SCORERS
+
+            SCORERS.get(name)  # unknown: "did you mean ...?"
+        return name
 
 
 class ServeConfig(StrictModel):
@@ -36,3 +72,5 @@ class ServeConfig(StrictModel):
     )
     access_log: bool = Field(True, description="one JSON line per request on the `mlops.serve.access` logger")
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    request_log: RequestLogConfig = Field(default_factory=RequestLogConfig)
+    shadow: ShadowConfig = Field(default_factory=ShadowConfig)

@@ -1,6 +1,8 @@
 """What every request goes through before and after its handler (one pure ASGI middleware, in this order):
 
-request id -> auth -> body-size limit -> model lease -> handler, then access log + metrics. It is a plain
+request id -> auth -> body-size limit -> model lease (the canary's for its share of generation requests, else
+the main slot's) -> handler, then access log + metrics, then the request log row and the shadow offer (both
+queued for background threads, never awaited). It is a plain
 ASGI wrapper, not `BaseHTTPMiddleware`, so streaming responses, client disconnects and cancellation pass
 through untouched, and it sits inside Starlette's error middleware: an exception a handler lets escape is
 logged here once (one traceback, with the request id) and answered as a 500 that carries `X-Request-ID`
@@ -17,7 +19,7 @@ import time
 import uuid
 
 from evaluation.api_schema import ApiError
-from evaluation.serving_metrics import log_access, now_ms, route_label
+from evaluation.serving_metrics import GENERATION_ROUTES, log_access, now_ms, route_label
 
 log = logging.getLogger("mlops.serve")
 REQUEST_ID = "X-Request-ID"
@@ -45,10 +47,12 @@ class ServingMiddleware:
         path = scope.get("path", "")
         record = {"request_id": rid, "method": scope.get("method"), "route": route_label(path), "status": None,
                   "prompt_tokens": None, "completion_tokens": None, "ttft_ms": None, "latency_ms": None,
-                  "model_version": None, "key_id": None, "client": (scope.get("client") or ("-",))[0]}
+                  "model_version": None, "role": "user", "key_id": None,
+                  "client": (scope.get("client") or ("-",))[0]}
         state = scope.setdefault("state", {})
-        state["request_id"], state["access"], state["started"] = rid, record, started
-        serving, started_response = None, False
+        capture: dict = {}  # what a generation handler saw and answered, for the request log and the shadow
+        state["request_id"], state["access"], state["started"], state["capture"] = rid, record, started, capture
+        serving, leased_from, started_response, body = None, None, False, None
 
         async def send_with_ids(message) -> None:
             nonlocal started_response
@@ -70,6 +74,7 @@ class ServingMiddleware:
                                 {"www-authenticate": "Bearer"})
                     return
                 record["key_id"] = identity.key_id
+                state["identity"] = identity
             body = await self._read_body(scope, receive, headers)
             if body is _GONE:
                 record["status"] = 499  # the client left while sending its body
@@ -80,11 +85,16 @@ class ServingMiddleware:
             if path.startswith(MODEL_ROUTES):
                 from evaluation.slot import SlotError
 
-                try:
-                    serving = ctx.slot.acquire()
-                except SlotError as err:
-                    await reply(send_with_ids, rid, ApiError(503, str(err), code="model_not_loaded"))
-                    return
+                if ctx.canary is not None and path in GENERATION_ROUTES:
+                    serving = ctx.canary.acquire(rid)
+                    if serving is not None:
+                        leased_from, record["role"] = ctx.canary.slot, "canary"
+                if serving is None:
+                    try:
+                        serving, leased_from = ctx.slot.acquire(), ctx.slot
+                    except SlotError as err:
+                        await reply(send_with_ids, rid, ApiError(503, str(err), code="model_not_loaded"))
+                        return
                 state["serving"] = serving
                 record["model_version"] = serving.version
             await self.app(scope, _replay(body, receive), send_with_ids)
@@ -104,13 +114,32 @@ class ServingMiddleware:
                     "server log under that id.", code="internal_error"))
         finally:
             if serving is not None:
-                ctx.slot.release(serving)
+                leased_from.release(serving)
             ctx.metrics.inflight.dec()
             record["latency_ms"] = now_ms(started)
             record["status"] = record["status"] or 499
             ctx.metrics.observe(record)
             if ctx.config.access_log:
                 log_access(record)
+            if serving is not None and path in GENERATION_ROUTES:
+                self._after_answer(record, serving, capture, body)
+
+    def _after_answer(self, record: dict, serving, capture: dict, body) -> None:
+        """Queue the request log row and offer the request to the shadow; both return at once."""
+        ctx = self.ctx
+        if capture.get("scoring"):  # loglikelihood requests (lm-eval) are measurements, not conversations
+            return
+        try:
+            if ctx.request_log is not None:
+                from evaluation.serving_log import answered_row
+
+                ctx.request_log.submit(answered_row(ctx.log_model or ctx.slot.name, record, serving, capture))
+            if (ctx.shadow is not None and record["status"] == 200 and record["role"] == "user" and not record.get("failed")
+                    and capture.get("shadowable") and isinstance(body, bytes)):
+                ctx.shadow.offer(record["request_id"], record["route"], body)
+        except Exception as err:  # noqa: BLE001 - the answer is sent; logging it must never fail it
+            log.error("request_id=%s could not be logged or shadowed: %s: %s", record["request_id"],
+                      type(err).__name__, err)
 
     def _open(self, path: str) -> bool:
         return path in ALWAYS_OPEN or (path == "/metrics" and self.ctx.config.auth.open_metrics)

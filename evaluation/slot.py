@@ -37,6 +37,14 @@ class Serving:
     inflight: int = 0
     retired: bool = False
     closed: bool = False
+    _profile_hash: str | None = None
+
+    @property
+    def profile_hash(self) -> str:
+        """The profile's hash, computed once (the request log and metrics name it on every request)."""
+        if self._profile_hash is None:
+            self._profile_hash = self.profile.profile_hash()
+        return self._profile_hash
 
 
 class ModelSlot:
@@ -102,6 +110,24 @@ class ModelSlot:
         if old is not None:
             log.info("model slot '%s': version %s replaces %s (%d requests still running on the old one)",
                      self.name, new.version, old.version, old.inflight)
+        if close:
+            self._close_later(old)
+        return old
+
+    def unload(self) -> Serving | None:
+        """Empty the slot (a canary stopped): new requests find no model; running ones finish, then it closes."""
+        with self._lock:
+            old, self._current = self._current, None
+            close = False
+            if old is not None:
+                old.retired = True
+                self._retired.append(old)
+                close = old.inflight == 0 and not old.closed
+                if close:
+                    old.closed = True
+        if old is not None:
+            log.info("model slot '%s': version %s unloaded (%d requests still running on it)", self.name,
+                     old.version, old.inflight)
         if close:
             self._close_later(old)
         return old

@@ -38,6 +38,7 @@ def stream(view: View, prep: Prepared, request, rid: str):
     job = view.engine.generate(ids, params, on_text=push, owner=object())
     job.future.add_done_callback(lambda _f: push(None))
     record, started = request.state.access, request.state.started
+    parts = request.state.capture.setdefault("parts", [])  # the answer as sent, for the request log
     kind = "chat.completion.chunk" if chat else "text_completion"
     base = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{rid}", "object": kind, "created": int(time.time()),
             "model": view.name}
@@ -70,11 +71,14 @@ def stream(view: View, prep: Prepared, request, rid: str):
             while (delta := await deltas.get()) is not None:
                 if record["ttft_ms"] is None:
                     record["ttft_ms"] = round((time.perf_counter() - started) * 1000, 1)
+                parts.append(delta.text)
                 yield sse(chunk(delta))
             try:
                 gen = job.future.result()
             except Exception as err:  # noqa: BLE001 - reported in-band: the status line is already sent
                 log.error("request_id=%s generation failed mid-stream", rid, exc_info=err)
+                record["failed"] = True  # a 200 already sent: counted as this version's error all the same
+                request.state.capture["error"] = f"generation failed mid-stream: {type(err).__name__}"
                 yield sse({"error": {"message": f"generation failed (request id {rid}); the cause is in the server "
                                      "log under that id.", "type": "server_error", "code": "internal_error"},
                            "request_id": rid})

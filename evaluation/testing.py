@@ -29,3 +29,19 @@ def serve_in_thread(app, start_timeout: float = 60.0) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=15)
+
+
+def canary_start(model: str, version: str, share: float, until: float, actor: str = "alice") -> None:
+    """The ledger entry `mlops registry canary` writes when a canary starts (serving tests write it directly)."""
+    from registry.transition import Plan, run
+
+    run(model, lambda _state: Plan(entries=[dict(actor=actor, action="canary_start", model=model, version=str(version),
+                                                 evidence={"share": share, "until": until}, reason="canary")]))
+
+
+def canary_stop(model: str, version: str, outcome: str = "rolled_back", actor: str = "alice") -> None:
+    """The ledger entry that ends a canary (`outcome`: promoted, rolled_back or stopped)."""
+    from registry.transition import Plan, run
+
+    run(model, lambda _state: Plan(entries=[dict(actor=actor, action="canary_stop", model=model, version=str(version),
+                                                 evidence={"outcome": outcome, "reason": "test"}, reason=outcome)]))

@@ -169,7 +169,7 @@ def write_feedback(item: Feedback, url: str | None = None) -> None:
 
 def read_requests(*, model: str | None = None, version: str | None = None, role: str | None = None,
                   since: float | None = None, parent_ids: list[str] | None = None, limit: int | None = None,
-                  url: str | None = None) -> list[dict]:
+                  url: str | None = None, request_ids: list[str] | None = None) -> list[dict]:
     import sqlalchemy as sa
 
     query = sa.select(REQUESTS).order_by(REQUESTS.c.ts)
@@ -178,33 +178,52 @@ def read_requests(*, model: str | None = None, version: str | None = None, role:
             query = query.where(REQUESTS.c[column] == value)
     if since is not None:
         query = query.where(REQUESTS.c.ts >= since)
-    if parent_ids is not None:
-        query = query.where(REQUESTS.c.parent_id.in_(parent_ids))
     if limit:
         query = query.limit(limit)
+    rows: list[dict] = []
     with engine(url).connect() as conn:
-        rows = [dict(r) for r in conn.execute(query).mappings()]
+        for column, ids in (("parent_id", parent_ids), ("request_id", request_ids)):
+            if ids is not None:
+                rows = _by_ids(conn, query, REQUESTS.c[column], ids)
+                break
+        else:
+            rows = [dict(r) for r in conn.execute(query).mappings()]
     for row in rows:
         row["messages"] = json.loads(row["messages"])
     return rows
 
 
-def read_feedback(*, since: float | None = None, url: str | None = None) -> list[dict]:
+def _by_ids(conn, query, column, ids: list[str], chunk: int = 500) -> list[dict]:
+    """Rows whose `column` is in `ids`, in chunks (a database caps the parameters of one statement)."""
+    ids = list(dict.fromkeys(ids))
+    rows = []
+    for start in range(0, len(ids), chunk):
+        rows += [dict(r) for r in conn.execute(query.where(column.in_(ids[start:start + chunk]))).mappings()]
+    return sorted(rows, key=lambda r: r["ts"])
+
+
+def read_feedback(*, since: float | None = None, url: str | None = None,
+                  request_ids: list[str] | None = None) -> list[dict]:
     import sqlalchemy as sa
 
     query = sa.select(FEEDBACK).order_by(FEEDBACK.c.ts)
     if since is not None:
         query = query.where(FEEDBACK.c.ts >= since)
     with engine(url).connect() as conn:
+        if request_ids is not None:
+            return _by_ids(conn, query, FEEDBACK.c.request_id, request_ids)
         return [dict(r) for r in conn.execute(query).mappings()]
 
 
-def known_request(request_id: str, url: str | None = None) -> bool:
+def known_request(request_id: str, url: str | None = None, roles: tuple[str, ...] | None = None) -> bool:
+    """A row with this id exists (of one of `roles`, when given)."""
     import sqlalchemy as sa
 
+    query = sa.select(REQUESTS.c.request_id).where(REQUESTS.c.request_id == request_id)
+    if roles is not None:
+        query = query.where(REQUESTS.c.role.in_(roles))
     with engine(url).connect() as conn:
-        return conn.execute(sa.select(REQUESTS.c.request_id).where(REQUESTS.c.request_id == request_id)).first() \
-            is not None
+        return conn.execute(query).first() is not None
 
 
 def prune(older_than_days: float, url: str | None = None) -> int:

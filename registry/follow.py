@@ -5,6 +5,12 @@ back (the MLflow UI's pencil icon) is refused and logged loudly, and serving sta
 version is loaded beside the old one, health-checked, then swapped in (`slot.load_and_swap`); in-flight requests
 finish on the old model. Polling on every store; with a tracking server, MLflow's `model_version_alias.created`
 webhook can wake the follower early (`poke()`).
+
+With a canary route (`evaluation.serving_canary.CanaryRoute`, the server's `app.state.canary`), the follower
+also keeps the ledger's canary: when the replayed state names one (`canary_start`), its version is loaded into
+the route's slot and takes its share of traffic; when it stops (`canary_stop`) or its `until` passes, the route
+stops and the model is unloaded. A stage name that is no alias (`@candidate`) follows the newest version in that
+stage, which is what `--shadow models:/<m>@candidate` means.
 """
 
 from __future__ import annotations
@@ -39,18 +45,25 @@ class Follower:
     slot: object  # has load_and_swap(model_dir, profile, version) and .current.version
     interval: float = 1.0
     materialize: Callable | None = None  # ref -> ResolvedModel (tests inject a fake)
+    canary: object | None = None  # serving_canary.CanaryRoute; None: canaries are not followed
     switches: list[Switch] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
+    canary_events: list[str] = field(default_factory=list)  # "started <v>", "stopped <v>", "failed <v>"
+    clock: Callable[[], float] = time.time
+    _canary_failed: tuple = ()  # (ledger seq, when) of a canary that did not load: retried after a minute
     _wake: threading.Event = field(default_factory=threading.Event)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
-    def target(self) -> str | None:
+    def target(self, state=None) -> str | None:
         """The ledger's version for the alias; logs loudly when MLflow's alias disagrees."""
         from registry.audit import model_state
         from registry.transition import registry_aliases
 
-        said = model_state(self.model).aliases.get(self.alias)
+        state = state if state is not None else model_state(self.model)
+        if stage_alias(self.alias):  # no MLflow alias to compare with
+            return ledger_target(state, self.alias)
+        said = state.aliases.get(self.alias)
         actual = registry_aliases(self.model).get(self.alias)
         if actual != said:
             message = (f"@{self.alias} of '{self.model}' points to {actual or 'nothing'} in MLflow but the ledger "
@@ -66,7 +79,17 @@ class Follower:
         return getattr(current, "version", None)
 
     def poll_once(self) -> Switch | None:
-        target = self.target()
+        from registry.audit import model_state
+
+        state = model_state(self.model)
+        try:
+            return self._follow(state)
+        finally:
+            if self.canary is not None:
+                self._keep_canary(state)
+
+    def _follow(self, state) -> Switch | None:
+        target = self.target(state)
         previous = self.serving_version()
         if target is None or target == previous:
             return None
@@ -81,9 +104,43 @@ class Follower:
                  target, previous or "nothing", switch.seconds)
         return switch
 
-    def attach(self, slot) -> Follower:
+    def attach(self, slot, canary=None) -> Follower:
         self.slot = slot
+        if canary is not None:
+            self.canary = canary
         return self
+
+    def _keep_canary(self, state) -> None:
+        """Load, re-share or stop the canary to match the ledger; a failure keeps the main model serving."""
+        route, want = self.canary, state.canary
+        if want and want.get("until") is not None and self.clock() >= float(want["until"]):
+            want = None  # past its time: the controller should have stopped it; serving stops routing anyway
+        if want and str(want["version"]) == self.serving_version():
+            want = None  # the canary's version serves everyone already
+        try:
+            if want is None:
+                if route.version is not None or route.slot.current is not None:
+                    self.canary_events.append(f"stopped {route.version}")
+                    route.stop()
+                return
+            version, share, until = str(want["version"]), float(want.get("share") or 0.0), want.get("until")
+            until = float(until) if until is not None else None
+            if route.version == version and route.slot.current is not None:
+                if (route.share, route.until) != (share, until):
+                    route.set(version, share, until)
+                return
+            seq = want.get("seq")
+            if self._canary_failed and self._canary_failed[0] == seq and self.clock() - self._canary_failed[1] < 60:
+                return
+            model = (self.materialize or _materialize)(f"models:/{self.model}/{version}")
+            route.slot.load_and_swap(model.hf_dir, model.profile(), version)
+            route.set(version, share, until)
+            self.canary_events.append(f"started {version}")
+        except Exception as err:  # noqa: BLE001 - the canary stays off; the main model keeps serving
+            self._canary_failed = (want.get("seq") if want else None, self.clock())
+            self.canary_events.append(f"failed {want['version'] if want else route.version}")
+            log.error("following %s: the canary could not be %s (%s: %s); all traffic stays on version %s",
+                      self.model, "started" if want else "stopped", type(err).__name__, err, self.serving_version())
 
     def poke(self) -> None:
         """Check now (a registry webhook arrived) instead of at the next interval."""
@@ -109,6 +166,21 @@ class Follower:
                           self.alias, type(err).__name__, err, self.serving_version())
             self._wake.wait(self.interval)
             self._wake.clear()
+
+
+def stage_alias(alias: str) -> bool:
+    """A stage name that is no governed alias (`candidate`): it names the newest version in that stage."""
+    from registry.state import ALIAS_OF_STAGE, STAGES
+
+    return alias in STAGES and alias not in ALIAS_OF_STAGE.values()
+
+
+def ledger_target(state, alias: str) -> str | None:
+    """The version the ledger's state gives `@alias`: the alias itself, or the newest version of a stage name."""
+    if stage_alias(alias):
+        in_stage = [v for v, vs in state.versions.items() if vs.stage == alias]
+        return max(in_stage, key=lambda v: int(v) if v.isdigit() else -1) if in_stage else None
+    return state.aliases.get(alias)
 
 
 def _materialize(ref: str):

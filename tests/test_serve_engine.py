@@ -46,6 +46,21 @@ def test_cancelled_generation_stops_early(engine):
     assert out.finish_reason == "cancelled" and len(out.tokens) < 200
 
 
+def test_a_generation_cancelled_before_its_first_step_ends_without_an_empty_batch(tiny_model, caplog):
+    eng, hold = Engine(tiny_model["path"]), threading.Event()
+    hold.set()
+    eng.yield_to = hold.is_set  # the worker waits before its slice, as a shadow engine does behind users
+    try:
+        job = eng.generate([1, 2, 3], GenParams(max_tokens=5))
+        job.cancelled.set()  # the client left before decoding began
+        hold.clear()
+        assert job.future.result(timeout=30).finish_reason == "cancelled"
+        assert eng.generate([1, 2, 3], GenParams(max_tokens=2)).future.result(timeout=30).tokens
+    finally:
+        eng.close()
+    assert "batch of 0 rows failed" not in caplog.text
+
+
 def _busy(engine) -> threading.Event:
     """Occupy the worker with a generation whose first text delta blocks until the returned event is set."""
     started, gate = threading.Event(), threading.Event()

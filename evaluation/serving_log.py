@@ -1,0 +1,258 @@
+"""The server's side of the request log (`mlops.requestlog`): rows leave the request path through a bounded queue.
+
+A background thread takes rows off the queue, scrubs them (inside `requestlog.write_requests`) and writes them
+in batches, so neither the database nor the PII scrubber ever runs on the event loop. When the queue is full the
+row is dropped and counted (`mlops_serve_request_log_rows_total{outcome="dropped_full"}`): a slow database costs
+log rows, never a user's latency. Retention runs in the same thread, at start and then daily. Feedback
+(`POST /v1/feedback`) checks the request id against the rows still queued first, so feedback sent right after an
+answer is not refused because its row has not reached the database yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from pydantic import Field
+
+from evaluation.api_schema import _Strict, parse_body
+from mlops.requestlog import Feedback, LoggedRequest
+
+log = logging.getLogger("mlops.serve")
+PRUNE_EVERY_S = 86400.0
+LOGGED_ROUTES = ("/v1/completions", "/v1/chat/completions")
+
+
+class FeedbackRequest(_Strict):
+    request_id: str = Field(min_length=1, max_length=80, description="the X-Request-ID of the answer rated")
+    rating: int = Field(ge=-1, le=1, description="-1 bad, 0 neutral, 1 good")
+    correction: str | None = Field(None, max_length=20000, description="what the answer should have said")
+
+
+def parse_feedback(raw: bytes | None, source: str | None) -> Feedback:
+    """The feedback in a request body; an ApiError (400) naming the field when it is malformed."""
+    body = parse_body(raw or b"", FeedbackRequest)
+    correction = body.correction if body.correction and body.correction.strip() else None
+    return Feedback(body.request_id, body.rating, correction=correction, source=source)
+
+
+def request_messages(prep, tokenizer):
+    """A prepared request's prompt as chat messages, as the log stores it (the client's messages, without the
+    profile's system prompt). Token-id prompts are decoded later, on the writer's thread."""
+    body = prep.body
+    if prep.chat:
+        return [{"role": m.role, "content": m.text()} for m in body.messages]
+    if isinstance(body.prompt, str):
+        return [{"role": "user", "content": body.prompt}]
+    if body.prompt and isinstance(body.prompt[0], str):
+        return [{"role": "user", "content": p} for p in body.prompt]
+    ids = [list(p) for p in prep.prompts]
+    return lambda: [{"role": "user", "content": tokenizer.decode(p)} for p in ids]
+
+
+def answered_row(model: str, record: dict, serving, capture: dict) -> LoggedRequest:
+    """The log row of one answered request, from the middleware's access record and what its handler captured."""
+    response = capture.get("response")
+    if response is None:
+        response = "".join(capture.get("parts") or ())  # streamed, possibly cut short by a disconnect
+    return LoggedRequest(
+        record["request_id"], model[:256], log_version(serving.version), record["route"], capture.get("messages") or [],
+        response,
+        status=record["status"], role=record.get("role") or "user", profile_hash=serving.profile_hash,
+        latency_ms=record["latency_ms"] or 0.0, ttft_ms=record.get("ttft_ms"),
+        tokens_in=record.get("prompt_tokens") or 0, tokens_out=record.get("completion_tokens") or 0,
+        error=capture.get("error"),
+    )
+
+
+def log_version(version: str) -> str:
+    """A version as the log's column holds it: registry versions are short; a folder's name may not be."""
+    if len(version) <= 40:
+        return version
+    import hashlib
+
+    return version[:31] + "~" + hashlib.sha1(version.encode()).hexdigest()[:8]
+
+
+class RequestLogWriter:
+    """Writes `LoggedRequest`s on a thread of its own. `LoggedRequest.messages` may be a zero-argument callable
+    (e.g. decoding token ids), resolved on that thread too."""
+
+    def __init__(self, *, url: str | None = None, queue_size: int = 10000, batch_rows: int = 200,
+                 flush_seconds: float = 0.5, retention_days: float | None = 30.0) -> None:
+        self.url = url
+        self.batch_rows, self.flush_seconds, self.retention_days = batch_rows, flush_seconds, retention_days
+        self.counts: Counter = Counter()  # outcome -> rows: written, dropped_full, duplicate, write_error
+        self.on_count: Callable[[str, int], None] | None = None  # metrics
+        self.pruned = 0
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._pending: Counter = Counter()  # request ids queued and not yet written
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_error = 0.0
+
+    @classmethod
+    def from_config(cls, cfg) -> RequestLogWriter:
+        """From `serve.request_log` (a `serving_config.RequestLogConfig`)."""
+        return cls(url=cfg.database, queue_size=cfg.queue, batch_rows=cfg.batch_rows,
+                   flush_seconds=cfg.flush_seconds, retention_days=cfg.retention_days)
+
+    # ------------------------------------------------------------------ any thread
+
+    def submit(self, row: LoggedRequest) -> bool:
+        """Queue a row without ever blocking; False (and counted) when the queue is full."""
+        with self._lock:
+            try:
+                self._queue.put_nowait(row)
+            except queue.Full:
+                self._count("dropped_full")
+                return False
+            self._pending[row.request_id] += 1
+        return True
+
+    def known(self, request_id: str) -> bool:
+        """A user-facing answer with this id was logged (or is about to be); shadow rows take no feedback."""
+        from mlops.requestlog import known_request
+
+        with self._lock:
+            if self._pending.get(request_id):
+                return True
+        return known_request(request_id, self.url, roles=("user", "canary"))
+
+    def write_feedback(self, item: Feedback) -> None:
+        from mlops.requestlog import write_feedback
+
+        write_feedback(item, self.url)
+
+    def start(self) -> RequestLogWriter:
+        if self._thread is not None:  # idempotent: the app starts what it was given
+            return self
+        self._thread = threading.Thread(target=self._run, name="request-log", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Write what is queued (the process is stopping), then stop."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.error("request log: %d rows were still queued after %.0f s and are lost", self._queue.qsize(),
+                          timeout)
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until every queued row was attempted (tests, benchmarks); True when the queue emptied in time."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._pending:
+                    return True
+            time.sleep(0.02)
+        return False
+
+    # ------------------------------------------------------------------ the writer thread
+
+    def _run(self) -> None:
+        self._prune()
+        last_prune = time.monotonic()
+        while True:
+            batch = self._take()
+            if batch:
+                self._write(batch)
+            if time.monotonic() - last_prune > PRUNE_EVERY_S:
+                self._prune()
+                last_prune = time.monotonic()
+            if self._stop.is_set() and self._queue.empty():
+                return
+
+    def _take(self) -> list[LoggedRequest]:
+        try:
+            batch = [self._queue.get(timeout=self.flush_seconds)]
+        except queue.Empty:
+            return []
+        while len(batch) < self.batch_rows:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _write(self, batch: list[LoggedRequest]) -> None:
+        from mlops.requestlog import write_requests
+
+        rows = []
+        for row in batch:
+            try:
+                if callable(row.messages):
+                    row.messages = row.messages()
+                rows.append(row)
+            except Exception as err:  # noqa: BLE001 - one bad row never costs the batch
+                self._error(f"row {row.request_id} could not be prepared ({type(err).__name__}: {err})")
+                self._count("write_error")
+        try:
+            write_requests(rows, self.url)
+            self._count("written", len(rows))
+        except Exception as err:  # noqa: BLE001 - retried row by row: a duplicate id must not cost its neighbours
+            if len(rows) > 1 or not _is_duplicate(err):
+                self._write_alone(rows, err)
+            else:
+                self._count("duplicate")
+        finally:
+            with self._lock:
+                for row in batch:
+                    self._pending[row.request_id] -= 1
+                    if self._pending[row.request_id] <= 0:
+                        del self._pending[row.request_id]
+
+    def _write_alone(self, rows: list[LoggedRequest], first: BaseException) -> None:
+        from mlops.requestlog import write_requests
+
+        for row in rows:
+            try:
+                write_requests([row], self.url)
+                self._count("written")
+            except Exception as err:  # noqa: BLE001 - counted and logged; serving goes on
+                if _is_duplicate(err):
+                    self._count("duplicate")
+                    log.warning("request log: request id %s was logged before; this answer is not logged "
+                                "(clients should send unique X-Request-ID values)", row.request_id)
+                else:
+                    self._count("write_error")
+                    self._error(f"rows could not be written ({type(err).__name__}: {str(err)[:300]})")
+
+    def _prune(self) -> None:
+        if not self.retention_days:
+            return
+        from mlops.requestlog import prune
+
+        try:
+            removed = prune(self.retention_days, self.url)
+        except Exception as err:  # noqa: BLE001 - retention runs again tomorrow
+            self._error(f"retention could not prune ({type(err).__name__}: {str(err)[:300]})")
+            return
+        self.pruned += removed
+        if removed:
+            log.info("request log: pruned %d requests older than %g days", removed, self.retention_days)
+
+    def _count(self, outcome: str, n: int = 1) -> None:
+        if n <= 0:
+            return
+        self.counts[outcome] += n
+        if self.on_count is not None:
+            self.on_count(outcome, n)
+
+    def _error(self, message: str) -> None:
+        # One line per ten seconds at most: a database that is down must not flood the server log.
+        now = time.monotonic()
+        if now - self._last_error > 10:
+            self._last_error = now
+            log.error("request log: %s; serving goes on, rows are counted as lost", message)
+
+
+def _is_duplicate(err: BaseException) -> bool:
+    return type(err).__name__ == "IntegrityError"

@@ -1,0 +1,117 @@
+"""POST /v1/feedback: a rating and an optional correction of a logged answer, checked and stored scrubbed."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def served(mlops_home, tiny_model, tmp_path):
+    """A keyed server with a request log; yields (client, headers, writer)."""
+    import httpx
+
+    from evaluation.server import create_app
+    from evaluation.serving_auth import KeyStore, add_key
+    from evaluation.serving_log import RequestLogWriter
+    from evaluation.testing import serve_in_thread
+    from mlops.profile import load_profile
+
+    keys_file = tmp_path / "keys.json"
+    key, _ = add_key(keys_file, "helpdesk-app")
+    writer = RequestLogWriter(flush_seconds=0.05)
+    app = create_app(tiny_model["path"], load_profile(tiny_model["path"]), model_name="bot", version="3",
+                     keys=KeyStore(keys_file), request_log=writer, log_model="bot")
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=60) as client:
+        yield client, {"Authorization": f"Bearer {key}"}, writer
+
+
+def _answer(client, headers) -> str:
+    r = client.post("/v1/chat/completions", headers=headers,
+                    json={"messages": [{"role": "user", "content": "Where is my parcel?"}], "max_tokens": 3})
+    assert r.status_code == 200
+    return r.headers["x-request-id"]
+
+
+def test_feedback_right_after_an_answer_is_stored_scrubbed_with_the_senders_key_name(served, monkeypatch):
+    import threading
+
+    import mlops.requestlog as requestlog
+    from mlops.requestlog import read_feedback
+
+    client, headers, writer = served
+    slow, real = threading.Event(), requestlog.write_requests
+    monkeypatch.setattr(requestlog, "write_requests", lambda rows, url=None: slow.wait(30) and real(rows, url))
+    rid = _answer(client, headers)  # its row waits in the writer's queue: not in the database yet
+    sent = client.post("/v1/feedback", headers=headers,
+                       json={"request_id": rid, "rating": -1, "correction": "It ships Monday; ask bob@example.org"})
+    slow.set()
+    assert sent.status_code == 200, sent.text
+    assert sent.json()["request_id"] == rid and sent.json()["rating"] == -1
+    stored = read_feedback(request_ids=[rid])
+    assert len(stored) == 1 and stored[0]["rating"] == -1 and stored[0]["source"] == "helpdesk-app"
+    assert "bob@example.org" not in stored[0]["correction"] and "ships Monday" in stored[0]["correction"]
+    assert writer.flush(30)
+    assert client.post("/v1/feedback", headers=headers, json={"request_id": rid, "rating": 1}).status_code == 200
+
+
+def test_feedback_for_an_unknown_or_shadow_request_id_is_404(served):
+    client, headers, writer = served
+    rid = _answer(client, headers)
+    assert writer.flush(30)
+    for unknown in ("never-served", f"{rid}:shadow"):
+        r = client.post("/v1/feedback", headers=headers, json={"request_id": unknown, "rating": 1})
+        assert r.status_code == 404 and r.json()["error"]["param"] == "request_id", r.text
+        assert r.json()["error"]["code"] == "request_not_found"
+
+
+MALFORMED = [
+    ({"request_id": "x", "rating": 2}, "rating"),
+    ({"request_id": "x", "rating": True}, "rating"),
+    ({"request_id": "x", "rating": "1"}, "rating"),
+    ({"request_id": "x", "rating": 0.5}, "rating"),
+    ({"rating": 1}, "request_id"),
+    ({"request_id": "", "rating": 1}, "request_id"),
+    ({"request_id": "x", "rating": 1, "correction": ["a"]}, "correction"),
+    ({"request_id": "x", "rating": 1, "correction": "x" * 20001}, "correction"),
+]
+
+
+def test_malformed_feedback_is_400_naming_the_field(served):
+    client, headers, _ = served
+    for body, param in MALFORMED:
+        r = client.post("/v1/feedback", headers=headers, json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
+        assert param in r.json()["error"]["message"]
+
+
+def test_feedback_needs_a_key_and_a_json_object(served):
+    client, headers, _ = served
+    assert client.post("/v1/feedback", json={"request_id": "x", "rating": 1}).status_code == 401
+    r = client.post("/v1/feedback", headers={**headers, "Content-Type": "application/json"}, content=b"[1, 2]")
+    assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
+
+
+def test_feedback_is_refused_with_503_when_the_log_database_fails(served, monkeypatch):
+    client, headers, writer = served
+    rid = _answer(client, headers)
+
+    def down(_item):
+        raise ConnectionError("database is down")
+
+    monkeypatch.setattr(writer, "write_feedback", down)
+    r = client.post("/v1/feedback", headers=headers, json={"request_id": rid, "rating": -1})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "feedback_unavailable"
+    assert _answer(client, headers)  # serving goes on
+
+
+def test_a_server_without_a_request_log_says_feedback_is_off(tiny_model):
+    import httpx
+
+    from evaluation.server import create_app
+    from evaluation.testing import serve_in_thread
+    from mlops.profile import load_profile
+
+    app = create_app(tiny_model["path"], load_profile(tiny_model["path"]), model_name="bot")
+    with serve_in_thread(app) as url:
+        r = httpx.post(f"{url}/v1/feedback", json={"request_id": "x", "rating": 1}, timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "feedback_disabled"

@@ -1,0 +1,148 @@
+"""The server logs every generation answer (scrubbed) through a bounded background writer that never delays users."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def profile(tiny_model):
+    from mlops.profile import load_profile
+
+    return load_profile(tiny_model["path"])
+
+
+def _served(tiny_model, profile, **parts):
+    from evaluation.server import create_app
+    from evaluation.serving_log import RequestLogWriter
+
+    writer = parts.pop("request_log", None) or RequestLogWriter(flush_seconds=0.05)
+    app = create_app(tiny_model["path"], profile, model_name="bot", version="7", request_log=writer,
+                     log_model="support-bot", **parts)
+    return app, writer
+
+
+def test_answers_are_logged_scrubbed_with_id_version_profile_latency_and_tokens(mlops_home, tiny_model, profile):
+    import httpx
+
+    from evaluation.testing import serve_in_thread
+    from mlops.requestlog import read_requests
+
+    app, writer = _served(tiny_model, profile)
+    chat = {"messages": [{"role": "user", "content": "I am jane.doe@example.com, call +1 415 555 0100"}],
+            "max_tokens": 6, "temperature": 0}
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=60) as client:
+        answered = client.post("/v1/chat/completions", json=chat, headers={"X-Request-ID": "client-id-1"})
+        with client.stream("POST", "/v1/completions", json={"prompt": "Hello", "max_tokens": 5, "stream": True}) as s:
+            streamed_id = s.headers["x-request-id"]
+            streamed = "".join(__import__("json").loads(line[6:])["choices"][0]["text"] for line in s.iter_lines()
+                               if line.startswith("data: {"))
+        scoring = client.post("/v1/completions", json={"prompt": [[1, 2, 3]], "max_tokens": 1, "echo": True,
+                                                       "logprobs": 1, "temperature": 0})
+        refused = client.post("/v1/chat/completions", json={"messages": [], "max_tokens": 2})
+        assert writer.flush(30)
+    assert answered.status_code == 200 and scoring.status_code == 200 and refused.status_code == 400
+    rows = {r["request_id"]: r for r in read_requests(model="support-bot")}
+    assert set(rows) == {"client-id-1", streamed_id, refused.headers["x-request-id"]}  # scoring is not logged
+    row = rows["client-id-1"]
+    assert row["version"] == "7" and row["role"] == "user" and row["route"] == "/v1/chat/completions"
+    assert row["profile_hash"] == profile.profile_hash() and row["status"] == 200
+    assert "jane.doe@example.com" not in row["messages"][0]["content"] and "555 0100" not in row["messages"][0]["content"]
+    assert row["messages"][0]["role"] == "user" and "[EMAIL]" in row["messages"][0]["content"]
+    assert row["response"] == answered.json()["choices"][0]["message"]["content"]
+    assert row["tokens_out"] == answered.json()["usage"]["completion_tokens"] and row["tokens_in"] > 0
+    assert row["latency_ms"] > 0
+    stream_row = rows[streamed_id]
+    assert stream_row["response"] == streamed and stream_row["ttft_ms"] is not None and stream_row["tokens_out"] == 5
+    bad = rows[refused.headers["x-request-id"]]
+    assert bad["status"] == 400 and "messages" in bad["error"]
+
+
+def test_a_full_queue_drops_rows_counted_without_waiting_for_the_database(monkeypatch):
+    import mlops.requestlog as requestlog
+    from evaluation.serving_log import RequestLogWriter
+    from mlops.requestlog import LoggedRequest
+
+    stuck, written = threading.Event(), []
+
+    def slow_write(rows, url=None):
+        stuck.wait(30)
+        written.extend(r.request_id for r in rows)
+
+    monkeypatch.setattr(requestlog, "write_requests", slow_write)
+    writer = RequestLogWriter(queue_size=5, batch_rows=2, flush_seconds=0.01, retention_days=None).start()
+    started = time.perf_counter()
+    accepted = [writer.submit(LoggedRequest(f"r{i}", "bot", "1", "/v1/completions", [], "x")) for i in range(500)]
+    took = time.perf_counter() - started
+    stuck.set()
+    assert writer.flush(30)
+    writer.close()
+    assert took < 0.5, f"submitting 500 rows to a stuck database took {took:.2f} s"
+    assert writer.counts["dropped_full"] == accepted.count(False) > 400
+    assert sorted(written) == sorted(f"r{i}" for i, ok in enumerate(accepted) if ok)
+
+
+def test_a_reused_request_id_costs_only_its_own_row(mlops_home):
+    from evaluation.serving_log import RequestLogWriter
+    from mlops.requestlog import LoggedRequest, read_requests, write_requests
+
+    write_requests([LoggedRequest("taken", "bot", "1", "/v1/completions", [], "first")])
+    writer = RequestLogWriter(flush_seconds=0.01, retention_days=None)
+    for rid in ("a", "taken", "b"):
+        writer.submit(LoggedRequest(rid, "bot", "1", "/v1/completions", [], "second"))
+    writer.start()
+    assert writer.flush(30)
+    writer.close()
+    rows = {r["request_id"]: r["response"] for r in read_requests()}
+    assert rows == {"taken": "first", "a": "second", "b": "second"}
+    assert writer.counts["duplicate"] == 1 and writer.counts["written"] == 2
+
+
+def test_retention_prunes_old_rows_when_the_writer_starts(mlops_home):
+    from evaluation.serving_log import RequestLogWriter
+    from mlops.requestlog import LoggedRequest, read_requests, write_requests
+
+    write_requests([LoggedRequest("old", "bot", "1", "/v1/completions", [], "x", ts=time.time() - 10 * 86400),
+                    LoggedRequest("new", "bot", "1", "/v1/completions", [], "y")])
+    writer = RequestLogWriter(retention_days=7, flush_seconds=0.01).start()
+    deadline = time.monotonic() + 30
+    while writer.pruned == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    writer.close()
+    assert writer.pruned == 1 and [r["request_id"] for r in read_requests()] == ["new"]
+
+
+def test_request_log_and_shadow_config_is_typed_and_names_bad_values():
+    from pydantic import ValidationError
+
+    from evaluation.serving_config import ServeConfig
+    from mlops.errors import NotFoundError
+
+    cfg = ServeConfig.model_validate({"request_log": {"retention_days": 7, "queue": 100},
+                                      "shadow": {"share": 0.2}})
+    assert cfg.request_log.enabled and cfg.request_log.retention_days == 7 and cfg.shadow.share == 0.2
+    with pytest.raises(ValidationError, match="retention_days"):
+        ServeConfig.model_validate({"request_log": {"retention_days": 0}})
+    with pytest.raises(ValidationError, match="keep_forever"):
+        ServeConfig.model_validate({"request_log": {"keep_forever": True}})
+    with pytest.raises(NotFoundError, match="did you mean 'reference_overlap'"):
+        ServeConfig.model_validate({"shadow": {"scorer": "reference_overla"}})
+
+
+def test_the_writer_works_on_postgresql_with_duplicates_and_long_folder_names(postgres_url):
+    from evaluation.serving_log import RequestLogWriter, log_version
+    from mlops.requestlog import LoggedRequest, read_requests
+
+    long_name = "checkpoint-folder-of-a-sweep-trial-number-0042-best"
+    writer = RequestLogWriter(url=postgres_url, flush_seconds=0.01, retention_days=None)
+    for rid in ("a", "a", "b"):
+        writer.submit(LoggedRequest(rid, "bot", log_version(long_name), "/v1/completions", [], rid))
+    writer.start()
+    assert writer.flush(30)
+    writer.close()
+    rows = read_requests(url=postgres_url)
+    assert sorted(r["request_id"] for r in rows) == ["a", "b"] and writer.counts["duplicate"] == 1
+    assert len(rows[0]["version"]) <= 40 and rows[0]["version"].startswith(long_name[:31])

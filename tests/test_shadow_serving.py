@@ -1,0 +1,180 @@
+"""`mlops serve --shadow`: a share of requests is answered again by a candidate in the background, logged with the
+user's request id, never changing or delaying the user's answer."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def profile(tiny_model):
+    from mlops.profile import load_profile
+
+    return load_profile(tiny_model["path"])
+
+
+def _runner(tiny_model, profile, **options):
+    from evaluation.generation import Engine
+    from evaluation.serving_shadow import ShadowRunner
+    from evaluation.slot import ModelSlot
+
+    slot = ModelSlot("bot#shadow")
+    slot.swap(Engine(tiny_model["path"]), profile, "2", model_dir=tiny_model["path"])
+    return ShadowRunner(slot, **{"share": 1.0, **options})
+
+
+def _app(tiny_model, profile, shadow=None):
+    from evaluation.server import create_app
+    from evaluation.serving_log import RequestLogWriter
+
+    writer = RequestLogWriter(flush_seconds=0.05)
+    return create_app(tiny_model["path"], profile, model_name="bot", version="1", request_log=writer,
+                      shadow=shadow, log_model="bot"), writer
+
+
+CHAT = {"messages": [{"role": "user", "content": "Where is my order 1234?"}], "max_tokens": 8, "temperature": 0}
+COMPLETION = {"prompt": "Refunds take", "max_tokens": 6, "temperature": 0, "stream": True}
+
+
+def _ask(client) -> list:
+    chat = client.post("/v1/chat/completions", json=CHAT, headers={"X-Request-ID": "chat-1"})
+    with client.stream("POST", "/v1/completions", json=COMPLETION, headers={"X-Request-ID": "stream-1"}) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    return [(chat.status_code, chat.headers["x-model-version"], chat.json()["choices"][0]["message"]["content"]),
+            (s.status_code, s.headers["x-model-version"], [(e["choices"][0]["text"], e["choices"][0]["finish_reason"])
+                                                           for e in events])]
+
+
+def test_shadow_answers_are_logged_beside_the_users_and_the_users_answer_is_unchanged(mlops_home, tiny_model,
+                                                                                       profile):
+    import httpx
+
+    from evaluation.testing import serve_in_thread
+    from mlops.requestlog import read_requests
+
+    plain, _ = _app(tiny_model, profile)
+    with serve_in_thread(plain) as url, httpx.Client(base_url=url, timeout=60) as client:
+        alone = _ask(client)
+    runner = _runner(tiny_model, profile)
+    shadowed, writer = _app(tiny_model, profile, shadow=runner)
+    with serve_in_thread(shadowed) as url, httpx.Client(base_url=url, timeout=60) as client:
+        with_shadow = _ask(client)
+        assert runner.wait_idle(60) and writer.flush(30)
+        metrics = client.get("/metrics").text
+    assert [a[:2] for a in with_shadow] == [(200, "1"), (200, "1")]
+    assert [a[2] for a in with_shadow] == [a[2] for a in alone]  # same bytes as without a shadow
+    rows = {r["request_id"]: r for r in read_requests(model="bot") if r["request_id"] in ("chat-1", "stream-1",
+                                                                                          "chat-1:shadow",
+                                                                                          "stream-1:shadow")}
+    assert len(rows) == 4
+    for rid in ("chat-1", "stream-1"):
+        user, shadow = rows[rid], rows[f"{rid}:shadow"]
+        assert (user["role"], user["version"]) == ("user", "1")
+        assert (shadow["role"], shadow["version"], shadow["parent_id"], shadow["status"]) == ("shadow", "2", rid, 200)
+        assert shadow["messages"] == user["messages"] and shadow["route"] == user["route"]
+        assert shadow["response"] == user["response"]  # the same weights answer the same, in the background
+        assert shadow["tokens_in"] == user["tokens_in"] and shadow["tokens_out"] == user["tokens_out"]
+        assert shadow["latency_ms"] > 0
+    assert 'mlops_serve_shadow_requests_total{outcome="answered",version="2"} 2.0' in metrics
+
+
+def test_the_shadow_engine_makes_no_progress_while_the_user_engine_has_work(tiny_model):
+    from evaluation.generation import Engine, GenParams
+
+    engine, user_busy = Engine(tiny_model["path"]), threading.Event()
+    engine.yield_to = user_busy.is_set
+    try:
+        user_busy.set()
+        job = engine.generate([1, 2, 3], GenParams(max_tokens=4))
+        time.sleep(0.5)
+        assert not job.future.done() and job.first_token_at is None  # stood aside the whole time
+        user_busy.clear()
+        assert len(job.future.result(timeout=60).tokens) == 4
+        assert engine.yielded_s >= 0.4
+    finally:
+        engine.close()
+
+
+def test_a_starved_shadow_drops_offers_counted_and_unlogged_while_users_are_served(mlops_home, tiny_model,
+                                                                                    profile):
+    import httpx
+
+    from evaluation.testing import serve_in_thread
+    from mlops.requestlog import read_requests
+
+    runner = _runner(tiny_model, profile, queue_size=1, timeout=0.5)
+    app, writer = _app(tiny_model, profile, shadow=runner)
+    runner.slot.current.engine.yield_to = lambda: True  # as if user traffic never stopped: no turn for the shadow
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=60) as client:
+        answers = [client.post("/v1/completions", json={"prompt": f"Question {i}", "max_tokens": 2},
+                               headers={"X-Request-ID": f"q{i}"}) for i in range(6)]
+        assert runner.wait_idle(60) and writer.flush(30)
+        metrics = client.get("/metrics").text
+    assert all(a.status_code == 200 and a.headers["x-model-version"] == "1" for a in answers)
+    assert runner.counts == {"dropped_busy": 6}  # queue full, or starved past its timeout: never evidence
+    assert read_requests(role="shadow") == [] and len(read_requests(role="user")) == 6
+    assert 'mlops_serve_shadow_requests_total{outcome="dropped_busy",version="2"} 6.0' in metrics
+
+
+def test_a_candidate_slower_than_the_timeout_is_logged_as_its_own_failure(mlops_home, tiny_model, profile):
+    import concurrent.futures
+
+    import httpx
+
+    from evaluation.testing import serve_in_thread
+    from mlops.requestlog import read_requests
+
+    class Hung:  # a candidate that never finishes its answer
+        def __init__(self) -> None:
+            self.future, self.cancelled, self.first_token_at = concurrent.futures.Future(), threading.Event(), None
+
+    runner = _runner(tiny_model, profile, timeout=0.3)
+    app, writer = _app(tiny_model, profile, shadow=runner)
+    runner.slot.current.engine.generate = lambda *_a, **_k: Hung()
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=60) as client:
+        answer = client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
+                             headers={"X-Request-ID": "slow-1"})
+        assert runner.wait_idle(60) and writer.flush(30)
+    assert answer.status_code == 200 and runner.counts == {"timed_out": 1}
+    (row,) = read_requests(role="shadow")
+    assert (row["parent_id"], row["status"]) == ("slow-1", 504) and "longer than 0.3 s" in row["error"]
+
+
+def test_the_shadowed_share_is_the_sampled_request_ids(mlops_home, tiny_model, profile):
+    import httpx
+
+    from evaluation.serving_canary import sampled
+    from evaluation.testing import serve_in_thread
+    from mlops.requestlog import read_requests
+
+    runner = _runner(tiny_model, profile, share=0.3, queue_size=64)
+    app, writer = _app(tiny_model, profile, shadow=runner)
+    ids = [f"share-{i}" for i in range(30)]
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=60) as client:
+        for rid in ids:
+            assert client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1},
+                               headers={"X-Request-ID": rid}).status_code == 200
+        assert runner.wait_idle(60) and writer.flush(30)
+    shadowed = sorted(r["parent_id"] for r in read_requests(role="shadow"))
+    expected = sorted(rid for rid in ids if sampled(rid, 0.3, "shadow"))
+    assert shadowed == expected and 3 <= len(expected) <= 18
+
+
+def test_serve_refuses_a_shadow_without_a_share_or_without_a_request_log(mlops_home, tiny_model):
+    import os
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "mlops", "serve", "--model", tiny_model["path"], "--no-auth",
+            "--shadow", tiny_model["path"]]
+    env = {**os.environ, "MLOPS_HOME": str(mlops_home)}
+    no_share = subprocess.run(base, capture_output=True, text=True, env=env, timeout=300)
+    no_log = subprocess.run([*base, "--shadow-share", "0.2", "serve.request_log.enabled=false"], capture_output=True,
+                            text=True, env=env, timeout=300)
+    assert no_share.returncode != 0 and "--shadow-share 0.2" in no_share.stderr, no_share.stderr[-2000:]
+    assert no_log.returncode != 0 and "serve.request_log.enabled" in no_log.stderr, no_log.stderr[-2000:]
+    assert "Traceback" not in no_share.stderr + no_log.stderr
