@@ -174,8 +174,10 @@ def judge(since_start: dict[str, VersionStats], canary: str, champion: str, limi
 # --------------------------------------------------------------------------- ledgered acts
 
 
-def start(actor: Identity, model: str, version: str, limits: Limits, *, url: str | None = None):
+def start(actor: Identity, model: str, version: str, limits: Limits, *, now: float | None = None,
+          url: str | None = None):
     require(actor, "promote")
+    begins = time.time() if now is None else now
     version = str(version)
 
     def plan_for(state) -> Plan:
@@ -191,7 +193,7 @@ def start(actor: Identity, model: str, version: str, limits: Limits, *, url: str
             raise RefusedError(f"a canary of '{model}' already runs (v{state.canary['version']}, started by "
                                f"{state.canary.get('by')} at entry #{state.canary.get('seq')}). Fix: wait for it, or "
                                f"`mlops registry canary-stop {model} --reason ...`.")
-        evidence = {"share": limits.share, "until": time.time() + limits.seconds, "champion": champion,
+        evidence = {"share": limits.share, "until": begins + limits.seconds, "champion": champion,
                     "limits": {k: getattr(limits, k) for k in ("max_error_rate", "max_p95_ratio", "min_requests",
                                                                "seconds", "interval")}}
         return Plan(entries=[dict(actor=actor.name, action="canary_start", model=model, version=version,
@@ -229,7 +231,7 @@ def watch(actor: Identity, model: str, version: str, limits: Limits, read: Calla
     """Start the canary, watch it, and end it: {"outcome", "reason", "observed", "entries"}."""
     from registry.audit import model_state
 
-    begun = start(actor, model, version, limits, url=url)
+    begun = start(actor, model, version, limits, now=clock(), url=url)
     champion, deadline = begun.evidence["champion"], begun.evidence["until"]
     entries = [begun]
 
