@@ -36,8 +36,14 @@ def create(actor: Identity, model: str, version: str, *, n: int | None = None, s
     """Draw, answer, store and ledger a spot-check of `version` against the current champion."""
     from registry.audit import model_state
     from registry.config import release_policy
-    from registry.spotcheck_sample import draw, sample_digest, served_answers, served_prompts, suite_folder, \
-        suite_prompts
+    from registry.spotcheck_sample import (
+        draw,
+        sample_digest,
+        served_answers,
+        served_prompts,
+        suite_folder,
+        suite_prompts,
+    )
 
     require(actor, "request")
     policy = policy or release_policy().spot_check

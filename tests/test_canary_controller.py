@@ -61,7 +61,7 @@ def reg(mlops_home, tiny_model, tmp_path):
     """v1 in production; v2 a candidate with gate evidence, requested by tina and approved by alice."""
     from mlops.tracking import init_experiment
     from registry.audit import model_state
-    from registry.release import decide, register, request
+    from registry.release import register, request
     from registry.testing import gate_evidence, make_identities, release_version, training_run
 
     init_experiment("registry-test")

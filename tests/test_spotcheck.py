@@ -113,10 +113,9 @@ def test_spot_check_draws_a_stratified_blind_sample_answered_by_both_served_mode
 
 
 def test_promotion_needs_a_passed_spot_check_reviewed_blind_by_someone_else(reg):
+    from registry.audit import model_state
     from registry.release import decide, promote, request
     from registry.testing import gate_evidence
-
-    from registry.audit import model_state
 
     who = reg["who"]
     gate_evidence("bot", "2", champion=("1", model_state("bot").versions["1"].content_id))
