@@ -222,7 +222,8 @@ def stop(actor: Identity, model: str, outcome: str, reason: str, *, evidence: di
                                                            "canary_seq": canary.get("seq"), **(evidence or {})})],
                     version_tags={version: {CANARY_TAG: f"{outcome}: {reason}"[:4000]}})
 
-    return run(model, plan_for, url=url)[0]
+    # A stop moves no alias, so drift elsewhere in the registry must never keep traffic on a failing canary.
+    return run(model, plan_for, url=url, repairing=True)[0]
 
 
 def watch(actor: Identity, model: str, version: str, limits: Limits, read: Callable[[], dict], *,

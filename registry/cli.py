@@ -180,7 +180,8 @@ def rollback(model: str, to_version: str | None = typer.Option(None, "--to", hel
 
 @app.command("override")
 def override(model: str, version: str, gate: str = typer.Option(..., "--gate", help="lineage, data, eval, "
-             "contamination, spot_check, shadow or all"), reason: str = typer.Option(..., "--reason"), as_json: bool = JsonOpt) -> None:
+             "contamination, spot_check, shadow or all"), reason: str = typer.Option(..., "--reason"),
+             as_json: bool = JsonOpt) -> None:
     """Let a version pass a failing gate (admin); ledgered and shown forever after."""
     from registry.release import override as do
 
@@ -290,7 +291,8 @@ def _spot_text(s: dict) -> str:
 
 @spot_app.command("create")
 def spot_create(model: str, version: str,
-                n: int | None = typer.Option(None, "--n", min=1, help="items (default registry.spot_check.sample_size)"),
+                n: int | None = typer.Option(None, "--n", min=1,
+                                             help="items (default registry.spot_check.sample_size)"),
                 seed: int | None = typer.Option(None, "--seed", help="sample seed (default: random, recorded)"),
                 as_json: bool = JsonOpt) -> None:
     """Draw a stratified sample of business prompts and served requests, answer them with the version and the

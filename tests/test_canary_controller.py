@@ -153,7 +153,7 @@ def test_a_canary_with_too_little_traffic_is_not_promoted(reg):
     assert result["outcome"] == "stopped" and "fewer than the 10 needed" in result["reason"]
 
 
-def test_canary_start_needs_the_promote_permission_and_one_canary_at_a_time(reg):
+def test_canary_start_needs_the_promote_permission_and_one_canary_at_a_time_and_stops_despite_drift(reg):
     from registry.canary import start, stop
 
     with pytest.raises(AuthError):
@@ -163,7 +163,13 @@ def test_canary_start_needs_the_promote_permission_and_one_canary_at_a_time(reg)
     start(reg["bob"], "bot", "2", LIMITS)
     with pytest.raises(RefusedError, match=r"a canary of 'bot' already runs \(v2, started by bob"):
         start(reg["alice"], "bot", "2", LIMITS)
-    stop(reg["alice"], "bot", "stopped", "traffic spike, try tomorrow")
+    from mlops.model_refs import client
+
+    client().set_registered_model_alias("bot", "staging", "2")  # drift: moved by hand in the MLflow UI
+    from registry.audit import verify
+
+    assert any("@staging points to 2 in MLflow" in p for p in verify("bot").drift["bot"])
+    stop(reg["alice"], "bot", "stopped", "traffic spike, try tomorrow")  # a stop never waits for a repair
     assert entries()[-1].evidence == {"outcome": "stopped", "reason": "traffic spike, try tomorrow",
                                       "canary_seq": entries()[-2].seq}
 

@@ -38,7 +38,7 @@ def reg(mlops_home, tiny_model, tmp_path, monkeypatch):
     return {"who": who, "versions": versions, "tmp": tmp_path, "tiny": tiny_model, "monkeypatch": monkeypatch}
 
 
-def fake_answers(ref: str, conversations: list[list[dict]]) -> list[dict]:
+def fake_answers(ref: str, conversations: list[list[dict]], **_options) -> list[dict]:
     """Answers that say who gave them, so a test can act as a reviewer who recognises the better one."""
     who = "challenger" if ref.endswith("/2") or ref.endswith("/3") else "champion"
     return [{"text": f"{who} answer {i}", "latency_ms": 1.0, "tokens": 3, "error": None}
@@ -201,10 +201,13 @@ def test_jsonl_round_trip_through_the_cli_records_the_reviewers_verdicts(reg, mo
     from registry.cli import app
     from registry.spotcheck import blind_items
 
-    check_id = new_check(reg, n=3)
     runner = CliRunner()
     monkeypatch.setenv("MLOPS_USER", "alice")
     monkeypatch.setenv("MLOPS_PASSWORD", PASSWORDS["alice"])
+    monkeypatch.setattr("registry.spotcheck_sample.served_answers", fake_answers)
+    out = runner.invoke(app, ["spot-check", "bot", "2", "--n", "3", "--seed", "4", "--json"])  # create by default
+    assert out.exit_code == 0, out.output
+    check_id = json.loads(out.output)["check_id"]
     out = runner.invoke(app, ["spot-check", "export", check_id])
     assert out.exit_code == 0, out.output
     rows = [json.loads(line) for line in out.output.splitlines()]

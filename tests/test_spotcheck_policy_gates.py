@@ -45,7 +45,8 @@ def shadow_rows(n: int, *, errors: int = 0, start: int = 0) -> None:
     from mlops.requestlog import LoggedRequest, write_requests
 
     write_requests([LoggedRequest(f"s-{start + i}", "bot", "2", "/v1/chat/completions",
-                                  [{"role": "user", "content": "Where is my order?"}], "" if i < errors else "On its way",
+                                  [{"role": "user", "content": "Where is my order?"}],
+                                  "" if i < errors else "On its way",
                                   role="shadow", parent_id=f"u-{start + i}", status=500 if i < errors else 200,
                                   error="engine failed" if i < errors else None) for i in range(n)])
 
