@@ -91,30 +91,26 @@ def healthy(tick, serve):
     serve("2", 10, seconds=0.09)
 
 
-@pytest.mark.parametrize(("trouble", "expected"), [
-    ({"errors": 3}, "canary error rate"),
-    ({"seconds": 0.9}, "canary p95 latency"),
-])
-def test_canary_rolls_back_by_itself_when_a_threshold_is_crossed(reg, trouble, expected):
+def test_canary_rolls_back_by_itself_when_errors_or_latency_cross_a_threshold(reg):
     from registry.audit import model_state
+    from registry.transition import flush_display
     from registry.versions import version_tags
 
-    def script(tick, serve):
-        serve("1", 90, seconds=0.08)
-        serve("2", 10, **(trouble if tick == 3 else {"seconds": 0.09}))
+    for trouble, expected in (({"errors": 3}, "canary error rate"), ({"seconds": 0.9}, "canary p95 latency")):
+        def script(tick, serve, trouble=trouble):
+            serve("1", 90, seconds=0.08)
+            serve("2", 10, **(trouble if tick == 3 else {"seconds": 0.09}))
 
-    result = run_canary(reg, script)
-    assert result["outcome"] == "rolled_back" and expected in result["reason"]
-    start, stop = [e for e in entries() if e.action.startswith("canary")]
-    assert start.evidence["share"] == 0.1 and start.evidence["champion"] == "1" and start.actor == "bob"
-    assert stop.evidence["outcome"] == "rolled_back" and stop.evidence["canary_seq"] == start.seq
-    assert stop.evidence["automatic"] and stop.evidence["observed"]["canary_requests"] == 30
-    state = model_state("bot")
-    assert state.canary is None and state.aliases["production"] == "1" and state.stage_of("2") == "candidate"
-    from registry.transition import flush_display
-
-    flush_display()
-    assert version_tags("bot", "2")["registry.canary"].startswith("rolled_back: canary ")
+        result = run_canary(reg, script)
+        assert result["outcome"] == "rolled_back" and expected in result["reason"]
+        start, stop = [e for e in entries() if e.action.startswith("canary")][-2:]
+        assert start.evidence["share"] == 0.1 and start.evidence["champion"] == "1" and start.actor == "bob"
+        assert stop.evidence["outcome"] == "rolled_back" and stop.evidence["canary_seq"] == start.seq
+        assert stop.evidence["automatic"] and stop.evidence["observed"]["canary_requests"] == 30
+        state = model_state("bot")
+        assert state.canary is None and state.aliases["production"] == "1" and state.stage_of("2") == "candidate"
+        flush_display()
+        assert version_tags("bot", "2")["registry.canary"].startswith(f"rolled_back: {expected}")
 
 
 def test_canary_that_stays_healthy_is_promoted_through_the_registry_at_the_end(reg):
@@ -137,20 +133,16 @@ def decide_ok(who) -> None:
     decide(who["alice"], "bot", "2", "approved, pending the canary", approve=True)
 
 
-def test_canary_without_the_approval_stops_and_says_what_is_missing(reg):
+def test_canary_with_too_little_traffic_or_without_the_approval_stops_and_says_why(reg):
     from registry.audit import model_state
 
+    result = run_canary(reg, lambda tick, serve: serve("1", 50) if tick else None)
+    assert result["outcome"] == "stopped" and "fewer than the 10 needed" in result["reason"]
     result = run_canary(reg, healthy)
     assert result["outcome"] == "stopped"
     assert "promotion was refused" in result["reason"] and "no approved request to production" in result["reason"]
     assert entries()[-1].evidence["outcome"] == "stopped"
     assert model_state("bot").aliases["production"] == "1"
-
-
-def test_a_canary_with_too_little_traffic_is_not_promoted(reg):
-    decide_ok(reg)
-    result = run_canary(reg, lambda tick, serve: serve("1", 50) if tick else None)
-    assert result["outcome"] == "stopped" and "fewer than the 10 needed" in result["reason"]
 
 
 def test_canary_start_needs_the_promote_permission_and_one_canary_at_a_time_and_stops_despite_drift(reg):

@@ -208,4 +208,4 @@ def increment_config(cfg: Any, out: Path | str, *, history: str | None = None, r
             raise HarvestError("a history ratio was given without a history snapshot. Fix: pass --history "
                                "<snapshot id> (the snapshot the current model was trained on).")
         data["mix"]["history"] = {"snapshot": snapshot, "ratio": ratio if ratio is not None else 0.3}
-    return validate_config({**cfg.model_dump(mode="json", exclude_none=True), "data": data}, source="harvest")
+    return validate_config({**cfg.model_dump(mode="json"), "data": data}, source="harvest")
