@@ -88,7 +88,7 @@ def parse_metrics(text: str) -> dict[str, VersionStats]:
     stats: dict[str, VersionStats] = {}
 
     def of(labels: dict) -> VersionStats | None:
-        version = labels.get("version") or serving
+        version = labels.get("version") or labels.get("model_version") or serving
         if version is None or labels.get("route", next(iter(MODEL_ROUTES))) not in MODEL_ROUTES:
             return None
         return stats.setdefault(version, VersionStats())

@@ -2,11 +2,12 @@
 
 `create` draws a stratified sample of business prompts (suite items and served requests), has both models answer
 in deployment form, and stores the items with a random A/B order each; which letter is the challenger stays in
-the database. A reviewer (role with `spot_check`, never the version's trainer) says per item which answer is
-better (`A`, `B` or `same`; `acceptable`/`unacceptable` when there is no champion yet), which answers state a
-wrong fact, and may add a note. Verdicts are un-blinded on the way in: better / same / worse / wrong_fact, always
-relative to the champion. Creating a check and completing (or amending) its review are ledger entries; the
-review entry carries a digest of the verdicts it covered, so a verdict edited behind the registry's back is seen.
+the database. A reviewer (role with `spot_check`, never the version's trainer or registrar) says per item which
+answer is better (`A`, `B` or `same`; `acceptable`/`unacceptable` when there is no champion yet), which answers
+state a wrong fact, and may add a note. Verdicts are un-blinded on the way in: better / same / worse /
+wrong_fact, always relative to the champion. Creating a check and completing (or amending) its review are ledger
+entries; the review entry carries a digest of the verdicts it covered, so a verdict edited behind the registry's
+back is seen.
 
 The gate (`judge`) reads the newest reviewed check of a version: it passes when the configured share of items
 is at least "same", no wrong fact in the challenger is unexplained (a note says why it is acceptable or what
@@ -55,7 +56,7 @@ def create(actor: Identity, model: str, version: str, *, n: int | None = None, s
         raise RefusedError(f"version {version} of '{model}' is the champion itself; a spot-check compares a "
                            "challenger with the production version. Fix: spot-check another version.")
     seed = secrets.randbits(48) if seed is None else int(seed)
-    prompts = draw(suite_prompts(suite_folder(policy.suite)), served_prompts(model, url=url),
+    prompts = draw(suite_prompts(suite_folder(policy.suite)), served_prompts(model),
                    n or policy.sample_size, policy.served_share, seed)
     if not prompts:
         raise RefusedError(f"no prompt to spot-check '{model}' with: the suite {policy.suite} holds no items and no "
