@@ -180,7 +180,8 @@ def rollback(model: str, to_version: str | None = typer.Option(None, "--to", hel
 
 @app.command("override")
 def override(model: str, version: str, gate: str = typer.Option(..., "--gate", help="lineage, data, eval, "
-             "contamination or all"), reason: str = typer.Option(..., "--reason"), as_json: bool = JsonOpt) -> None:
+             "contamination, spot_check, shadow or all"), reason: str = typer.Option(..., "--reason"),
+             as_json: bool = JsonOpt) -> None:
     """Let a version pass a failing gate (admin); ledgered and shown forever after."""
     from registry.release import override as do
 
@@ -256,3 +257,155 @@ def verify(model: str | None = typer.Argument(None), as_json: bool = JsonOpt) ->
     _out(result.as_dict(), as_json, "\n".join(lines))
     if not result.ok:
         raise typer.Exit(1)
+
+
+# --------------------------------------------------------------------------- spot-check and canary
+
+
+class _CreateByDefault(typer.core.TyperGroup):
+    """`spot-check <model> <version>` creates a check; `spot-check export|import|list|show ...` act on checks."""
+
+    def resolve_command(self, ctx, args):
+        if args and args[0] not in self.commands:
+            return "create", self.commands["create"], args
+        return super().resolve_command(ctx, args)
+
+
+spot_app = typer.Typer(cls=_CreateByDefault, no_args_is_help=True,
+                       help="Blind human spot-check of a version against the champion: `spot-check <model> "
+                            "<version> --n 30`, then review in the app or with export/import.")
+app.add_typer(spot_app, name="spot-check")
+
+
+def _spot_text(s: dict) -> str:
+    t = s["tallies"]
+    head = (f"spot-check {s['check_id']}: {s['model']} v{s['version']} against "
+            f"{'v' + s['champion_version'] if s['champion_version'] else 'no champion'}, {s['items']} items "
+            f"({', '.join(f'{k} {n}' for k, n in sorted(s['strata'].items()))})")
+    if not s["reviewed"]:
+        return head + "\n  not reviewed yet"
+    return head + (f"\n  reviewed {s['reviewed']}/{s['items']}: {t['better']} better, {t['same']} same, {t['worse']} "
+                   f"worse, {t['wrong_fact']} wrong fact (unexplained: {t['unexplained_wrong_facts'] or 'none'}); "
+                   f"{t['share_same_or_better']:.0%} same or better; reviewers {', '.join(t['reviewers'])}")
+
+
+@spot_app.command("create")
+def spot_create(model: str, version: str,
+                n: int | None = typer.Option(None, "--n", min=1,
+                                             help="items (default registry.spot_check.sample_size)"),
+                seed: int | None = typer.Option(None, "--seed", help="sample seed (default: random, recorded)"),
+                as_json: bool = JsonOpt) -> None:
+    """Draw a stratified sample of business prompts and served requests, answer them with the version and the
+    champion in deployment form, and store them blind for review (ledgered)."""
+    from registry.spotcheck import create
+
+    summary = create(_actor("request"), model, version, n=n, seed=seed)
+    _out(summary, as_json, _spot_text(summary) + f"\n  review: the app, or `mlops registry spot-check export "
+                                                 f"{summary['check_id']} > items.jsonl`, edit, then `... import`")
+
+
+@spot_app.command("list")
+def spot_list(model: str, version: str | None = typer.Option(None, "--version"), as_json: bool = JsonOpt) -> None:
+    """Spot-checks of a model (or one version), newest first."""
+    from registry.spotcheck import summary
+    from registry.spotcheck_store import checks_of
+
+    rows = [summary(c["check_id"]) for c in checks_of(model, version)]
+    _out(rows, as_json, "\n".join(_spot_text(s) for s in rows) or f"no spot-check of {model}")
+
+
+@spot_app.command("show")
+def spot_show(check_id: str, as_json: bool = JsonOpt) -> None:
+    """One spot-check's sample and tallies (verdicts un-blinded only as counts)."""
+    from registry.spotcheck import summary
+
+    s = summary(check_id)
+    _out(s, as_json, _spot_text(s))
+
+
+@spot_app.command("export")
+def spot_export(check_id: str, pending_only: bool = typer.Option(False, "--pending", help="only items without a "
+                                                                                        "verdict")) -> None:
+    """Print the items blind as JSONL: fill `preferred` (A, B or same), `wrong_fact` (e.g. ["B"]) and `note`."""
+    from registry.spotcheck import blind_items, pending
+
+    for item in (pending if pending_only else blind_items)(check_id):
+        typer.echo(json.dumps(item, ensure_ascii=False))
+
+
+@spot_app.command("import")
+def spot_import(path: str = typer.Argument(..., help="the edited JSONL file ('-' for stdin)"),
+                as_json: bool = JsonOpt) -> None:
+    """Record the verdicts of an edited export as the acting reviewer (MLOPS_USER); unchanged rows are skipped."""
+    from mlops.errors import MLOpsError
+    from registry.spotcheck import import_rows
+
+    reviewer = _actor("spot_check")
+    text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()  # noqa: SIM115
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append((number, json.loads(line)))
+            except ValueError as err:
+                raise MLOpsError(f"{path}, line {number}: not valid JSON ({err}). Nothing was recorded. Fix: keep "
+                                 "one JSON object per line as the export wrote it.") from None
+    done = import_rows(reviewer, rows)
+    _out(done, as_json, "\n".join(f"{s['imported']} verdicts recorded\n" + _spot_text(s) for s in done.values())
+         or "no verdicts in the file")
+
+
+@app.command("canary")
+def canary(model: str, version: str,
+           share: float = typer.Option(..., "--share", help="share of traffic for the candidate, e.g. 0.1"),
+           duration: str = typer.Option(..., "--for", help="how long, e.g. 10m, 90s, 1h"),
+           max_error_rate: float | None = typer.Option(None, "--max-error-rate", help="5xx share that rolls back "
+                                                       "(default registry.canary.max_error_rate)"),
+           max_p95_ratio: float | None = typer.Option(None, "--max-p95-ratio", help="canary p95 / champion p95 that "
+                                                      "rolls back (default registry.canary.max_p95_ratio)"),
+           min_requests: int | None = typer.Option(None, "--min-requests", help="requests before a version is judged"),
+           metrics_url: list[str] = typer.Option(["http://127.0.0.1:8000/metrics"], "--metrics-url",
+                                                 help="a serving replica's /metrics (repeat for each replica)"),
+           interval: float | None = typer.Option(None, "--interval", help="seconds between reads"),
+           as_json: bool = JsonOpt) -> None:
+    """Route --share of traffic to the version (servers run with --follow), watch error rate and p95 from
+    /metrics, then promote it (approved request and gates still apply) or roll it back by itself. Exit 0
+    promoted, 1 rolled back, 2 stopped (e.g. promotion refused). The API key for /metrics comes from
+    MLOPS_API_KEY."""
+    from registry.canary import Limits, metrics_reader, parse_duration, watch
+    from registry.config import release_policy
+
+    actor = _actor("promote")
+    policy = release_policy().canary
+    limits = Limits(share=share, seconds=parse_duration(duration),
+                    max_error_rate=policy.max_error_rate if max_error_rate is None else max_error_rate,
+                    max_p95_ratio=policy.max_p95_ratio if max_p95_ratio is None else max_p95_ratio,
+                    min_requests=policy.min_requests if min_requests is None else min_requests,
+                    interval=policy.interval if interval is None else interval)
+
+    def tick(seen: dict) -> None:
+        if not as_json:
+            typer.echo(f"  canary {seen['canary_requests']:.0f} req, {seen['canary_error_rate']:.1%} errors, p95 "
+                       f"{_secs(seen['canary_p95_s'])} | champion {seen['champion_requests']:.0f} req, p95 "
+                       f"{_secs(seen['champion_p95_s'])}")
+
+    reader = metrics_reader(metrics_url, os.environ.get("MLOPS_API_KEY") or None)
+    result = watch(actor, model, version, limits, reader, on_tick=tick)
+    data = {**result, "entries": [e.as_dict() for e in result["entries"]]}
+    _out(data, as_json, "\n".join([*(_entry_text(e) for e in result["entries"]),
+                                   f"canary {result['outcome']}: {result['reason']}"]))
+    raise typer.Exit({"promoted": 0, "rolled_back": 1}.get(result["outcome"], 2))
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}s"
+
+
+@app.command("canary-stop")
+def canary_stop(model: str, reason: str = typer.Option(..., "--reason", help="why (required; goes into the ledger)"),
+                as_json: bool = JsonOpt) -> None:
+    """Stop a running canary by hand (all traffic back to the champion); ledgered."""
+    from registry.canary import stop
+
+    entry = stop(_actor("promote"), model, "stopped", reason)
+    _out(entry.as_dict(), as_json, _entry_text(entry))

@@ -5,6 +5,10 @@
 - eval:          the newest stored gate report for this content passed, against the champion current *now*
                  (a report against an earlier champion is stale and must be re-run).
 - contamination: the contamination report of the eval the gate stood on is clean.
+- spot_check:    (when the release policy requires it) the newest ledgered human review of the version passed,
+                 against the champion current now, by someone other than its trainer (registry.spotcheck).
+- shadow:        (when the release policy requires it) the candidate answered at least the configured number of
+                 shadowed live requests, with few enough errors.
 A failing gate names itself and its evidence. An admin override (ledgered, shown forever) lets it pass.
 """
 
@@ -15,7 +19,7 @@ from dataclasses import dataclass, field
 from mlops.errors import MLOpsError, NotFoundError
 from mlops.lineage import Tag
 
-GATES = ("lineage", "data", "eval", "contamination")
+GATES = ("lineage", "data", "eval", "contamination", "spot_check", "shadow")
 REQUIRED_LINEAGE = (Tag.CONFIG_HASH, Tag.SNAPSHOT_ID, Tag.DATA_RUN, Tag.IMAGE_TAG, Tag.GIT_COMMIT, Tag.CODE_VERSION,
                     Tag.BASE_MODEL_ID, Tag.SEED, Tag.CHECKPOINT_MANIFEST, Tag.MODEL_ID, Tag.PROFILE_HASH)
 
@@ -144,6 +148,7 @@ def evaluate_gates(state, version: str) -> list[GateResult]:
     results = [lineage_gate(vs), data_gate(vs)]
     eval_result = eval_gate(vs, champion if champion and champion.version != vs.version else None)
     results += [eval_result, contamination_gate(vs, eval_result)]
+    results += policy_gates(state, vs)
     for result in results:
         overrides = [o for o in vs.overrides if o.get("gate") in (result.gate, "all")]
         if overrides and not result.passed:
@@ -153,3 +158,63 @@ def evaluate_gates(state, version: str) -> list[GateResult]:
 
 def failing(results: list[GateResult]) -> list[GateResult]:
     return [r for r in results if not r.ok]
+
+
+# --------------------------------------------------------------------------- gates the release policy turns on
+
+
+def policy_gates(state, version_state, policy=None) -> list[GateResult]:
+    """The spot-check and shadow gates, each only when `registry.<gate>.required` says so."""
+    from registry.config import release_policy
+
+    policy = policy or release_policy()
+    out = []
+    if policy.spot_check.required:
+        out.append(spot_check_gate(state, version_state, policy.spot_check))
+    if policy.shadow.required:
+        out.append(shadow_gate(state.model, version_state, policy.shadow))
+    return out
+
+
+def spot_check_gate(state, version_state, policy) -> GateResult:
+    from registry.spotcheck import judge
+
+    passed, detail, evidence = judge(state, version_state.version, policy)
+    return GateResult("spot_check", passed, detail, evidence)
+
+
+def read_shadow_evidence(model: str, version: str) -> dict:
+    """The shadow test's evidence for a version: the one place the gate gets it from."""
+    try:
+        from evaluation.shadow import shadow_evidence
+    except ImportError:  # serving's shadow report not installed: count the request log's shadow rows directly
+        return _shadow_rows_evidence(model, version)
+    return shadow_evidence(model, version)
+
+
+def _shadow_rows_evidence(model: str, version: str) -> dict:
+    from mlops.requestlog import read_requests
+
+    rows = read_requests(model=model, version=str(version), role="shadow")
+    errors = sum(1 for r in rows if r.get("status") != 200 or r.get("error"))
+    return {"model": model, "version": str(version), "shadowed": len(rows), "errors": errors,
+            "error_rate": errors / len(rows) if rows else 0.0}
+
+
+def shadow_gate(model: str, version_state, policy) -> GateResult:
+    evidence = read_shadow_evidence(model, version_state.version)
+    shadowed = int(evidence.get("shadowed", evidence.get("requests", 0)) or 0)
+    errors = int(evidence.get("errors", 0) or 0)
+    rate = errors / shadowed if shadowed else 0.0
+    import json
+
+    kept = json.loads(json.dumps(evidence, default=str))  # whatever the report holds, as the ledger can store it
+    kept.update(min_requests=policy.min_requests, max_error_rate=policy.max_error_rate)
+    if shadowed < policy.min_requests:
+        return GateResult("shadow", False, f"the candidate answered {shadowed} shadowed requests; the policy needs "
+                                           f"{policy.min_requests}. Fix: serve it with `mlops serve --shadow "
+                                           f"models:/{model}/{version_state.version}` for longer", kept)
+    if rate > policy.max_error_rate:
+        return GateResult("shadow", False, f"{errors} of {shadowed} shadow answers failed ({rate:.1%} > "
+                                           f"{policy.max_error_rate:.1%})", kept)
+    return GateResult("shadow", True, f"{shadowed} shadowed requests, {rate:.1%} errors", kept)

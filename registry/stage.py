@@ -1,7 +1,10 @@
-"""The registry's registration with the core: the `mlops registry` CLI."""
+"""The registry's registration with the core: the `registry:` config section (release policy) and the CLI."""
 
 from __future__ import annotations
 
 
 def register(stages) -> None:
+    from registry.config import RegistryConfig
+
+    stages.add_section("registry", RegistryConfig)
     stages.add_commands("registry", "registry.cli:app")

@@ -12,7 +12,8 @@ import typer
 
 from mlops.cli_options import ConfigOpt, OverridesArg, load
 
-app = typer.Typer(help="Data snapshots: build, show, verify, list; sample data.", no_args_is_help=True)
+app = typer.Typer(help="Data snapshots: build, show, verify, list; sample data; harvest feedback.",
+                  no_args_is_help=True)
 RootOpt = typer.Option(None, "--root", help="snapshots folder (default .mlops/snapshots)")
 
 
@@ -167,3 +168,12 @@ def sample(
     summary = generate(out, scale=scale, seed=seed, eval_files=files, round_=round_)
     for name, count in summary.items():
         typer.echo(f"{name:40} {count}")
+
+
+def _add_harvest() -> None:
+    from mlops.data.harvest_cli import app as harvest_app
+
+    app.add_typer(harvest_app, name="harvest")
+
+
+_add_harvest()

@@ -65,6 +65,9 @@ def describe_sources(data: DataConfig, home: Path) -> list[dict]:
             raise ConfigError(f"data.sources[{i}]: {err}") from None
         out.append({"name": src.path, "path": path, "format": fmt, "domain": src.domain or data.default_domain,
                     "sha256": file_sha256(path), "bytes": path.stat().st_size})
+        sidecar = path.with_name(path.name + ".provenance.json")
+        if sidecar.is_file():  # where the source came from (a harvest names its requests); goes into the manifest
+            out[-1]["provenance"] = json.loads(sidecar.read_text(encoding="utf-8"))
     return out
 
 

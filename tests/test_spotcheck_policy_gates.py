@@ -1,0 +1,113 @@
+"""The release policy turns gates on: the shadow gate's threshold on shadowed requests, its evidence source, and
+policy file errors that name the field."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mlops.errors import ConfigError
+from registry.transition import RefusedError
+
+
+def policy(tmp: Path, **registry) -> Path:
+    path = tmp / "release.yaml"
+    path.write_text(yaml.safe_dump({"registry": registry}))
+    return path
+
+
+@pytest.fixture
+def reg(mlops_home, tiny_model, tmp_path, monkeypatch):
+    """v1 in production; v2 approved for production with eval evidence; the policy requires 5 shadowed requests."""
+    from mlops.tracking import init_experiment
+    from registry.audit import model_state
+    from registry.release import decide, register, request
+    from registry.testing import gate_evidence, make_identities, release_version, training_run
+
+    init_experiment("registry-test")
+    who = make_identities()
+    for variant in (1, 2):
+        register(who["tina"], training_run(Path(tiny_model["path"]), tmp=tmp_path, variant=variant), "bot")
+    release_version(who, "bot", "1")
+    gate_evidence("bot", "2", champion=("1", model_state("bot").versions["1"].content_id))
+    request(who["tina"], "bot", "2", "production", "shadowed for a day")
+    decide(who["alice"], "bot", "2", "fine by me", approve=True)  # approval before the policy changed
+    monkeypatch.setenv("MLOPS_RELEASE_POLICY", str(policy(tmp_path, shadow={"required": True, "min_requests": 5,
+                                                                            "max_error_rate": 0.2})))
+    return who
+
+
+def shadow_rows(n: int, *, errors: int = 0, start: int = 0) -> None:
+    from mlops.requestlog import LoggedRequest, write_requests
+
+    write_requests([LoggedRequest(f"s-{start + i}", "bot", "2", "/v1/chat/completions",
+                                  [{"role": "user", "content": "Where is my order?"}],
+                                  "" if i < errors else "On its way",
+                                  role="shadow", parent_id=f"u-{start + i}", status=500 if i < errors else 200,
+                                  error="engine failed" if i < errors else None) for i in range(n)])
+
+
+def shadow_result():
+    from registry.audit import model_state
+    from registry.gates import evaluate_gates
+
+    return next(r for r in evaluate_gates(model_state("bot"), "2") if r.gate == "shadow")
+
+
+def test_shadow_gate_needs_the_configured_number_of_shadowed_requests_and_few_errors(reg):
+    from registry.release import promote
+
+    shadow_rows(3)
+    result = shadow_result()
+    assert not result.passed and "answered 3 shadowed requests; the policy needs 5" in result.detail
+    with pytest.raises(RefusedError, match="shadow gate failed"):
+        promote(reg["bob"], "bot", "2", "production")
+
+    shadow_rows(3, errors=1, start=3)  # 6 answered, 1 failed: 16.7% <= 20%
+    result = shadow_result()
+    assert result.passed and result.evidence["shadowed"] == 6 and result.evidence["min_requests"] == 5
+    shadow_rows(2, errors=2, start=6)  # 3 of 8 failed
+    result = shadow_result()
+    assert not result.passed and "3 of 8 shadow answers failed" in result.detail
+
+    from registry.release import override
+
+    override(reg["admin"], "bot", "2", "shadow", "errors were a load-balancer incident, not the model")
+    entry = promote(reg["bob"], "bot", "2", "production")
+    shadow = next(g for g in entry.evidence["gates"] if g["gate"] == "shadow")
+    assert not shadow["passed"] and shadow["ok"] and shadow["overridden_by"]["by"] == "admin"
+
+
+def test_shadow_gate_takes_servings_shadow_report_when_it_is_installed(reg, monkeypatch):
+    calls = []
+
+    def shadow_evidence(model, version):
+        calls.append((model, version))
+        return {"shadowed": 250, "errors": 1, "agreement": 0.93}
+
+    monkeypatch.setitem(sys.modules, "evaluation.shadow", types.SimpleNamespace(shadow_evidence=shadow_evidence))
+    result = shadow_result()
+    assert calls == [("bot", "2")] and result.passed and result.evidence["agreement"] == 0.93
+
+
+def test_without_a_policy_file_no_new_gate_applies(mlops_home, monkeypatch):
+    from registry.config import release_policy
+    from registry.gates import policy_gates
+
+    monkeypatch.delenv("MLOPS_RELEASE_POLICY", raising=False)
+    assert policy_gates(None, None, release_policy()) == []
+
+
+def test_a_policy_file_with_a_misspelt_key_names_the_field_and_the_fix(tmp_path, monkeypatch):
+    from registry.config import release_policy
+
+    monkeypatch.setenv("MLOPS_RELEASE_POLICY", str(policy(tmp_path, spot_check={"requird": True})))
+    with pytest.raises(ConfigError, match=r"unknown key 'registry.spot_check.requird'.*did you mean 'required'"):
+        release_policy()
+    monkeypatch.setenv("MLOPS_RELEASE_POLICY", str(tmp_path / "nowhere.yaml"))
+    with pytest.raises(ConfigError, match="names no file"):
+        release_policy()
