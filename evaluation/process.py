@@ -39,13 +39,13 @@ class ServerProcess:
             *(["--force-profile"] if force_profile else []),
             "serve.request_log.enabled=false",  # eval traffic is no user traffic: never harvested or spot-checked
         ]
+        self.proc: subprocess.Popen | None = None
+        self._log = None
 
     @property
     def headers(self) -> dict[str, str]:
         """What a client sends to be let in."""
         return {"Authorization": f"Bearer {self.api_key}"}
-        self.proc: subprocess.Popen | None = None
-        self._log = None
 
     def start(self, timeout: float) -> ServerProcess:
         """Launch and wait for /ready."""

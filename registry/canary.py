@@ -83,6 +83,8 @@ def parse_metrics(text: str) -> dict[str, VersionStats]:
     from prometheus_client.parser import text_string_to_metric_families
 
     families = list(text_string_to_metric_families(text))
+    if any(f.name == PER_VERSION_REQUESTS for f in families):
+        return _per_version(families)
     serving = next((s.labels.get("version") for f in families if f.name == "mlops_serve_model_info"
                     for s in f.samples if s.value == 1), None)
     stats: dict[str, VersionStats] = {}
@@ -100,6 +102,29 @@ def parse_metrics(text: str) -> dict[str, VersionStats]:
                 if str(sample.labels.get("status", "")).startswith("5"):
                     v.errors += sample.value
             elif family.name == LATENCY and sample.name == f"{LATENCY}_bucket" and (v := of(sample.labels)):
+                le = float(sample.labels["le"])
+                v.buckets[le] = v.buckets.get(le, 0.0) + sample.value
+    return stats
+
+
+PER_VERSION_REQUESTS = "mlops_serve_version_requests"
+
+
+def _per_version(families) -> dict[str, VersionStats]:
+    """The server's per-version families (every role: user, canary), which split a canary's traffic from the
+    champion's on one server."""
+    stats: dict[str, VersionStats] = {}
+    for family in families:
+        for sample in family.samples:
+            version = sample.labels.get("version")
+            if version is None:
+                continue
+            v = stats.setdefault(version, VersionStats())
+            if sample.name == f"{PER_VERSION_REQUESTS}_total":
+                v.requests += sample.value
+            elif sample.name == "mlops_serve_version_errors_total":
+                v.errors += sample.value
+            elif sample.name == "mlops_serve_version_request_latency_seconds_bucket":
                 le = float(sample.labels["le"])
                 v.buckets[le] = v.buckets.get(le, 0.0) + sample.value
     return stats

@@ -221,3 +221,23 @@ def test_parse_metrics_reads_a_real_servers_metrics(tiny_model):
     assert set(stats) == {"7"}
     assert stats["7"].requests == 4 and stats["7"].errors == 0
     assert 0 < stats["7"].quantile(0.95) < 60
+
+
+def test_per_version_metrics_split_a_canary_from_the_champion_on_one_server():
+    from registry.canary import parse_metrics
+
+    text = """# TYPE mlops_serve_version_requests counter
+mlops_serve_version_requests_total{version="1",role="user",status="200"} 90.0
+mlops_serve_version_requests_total{version="2",role="canary",status="200"} 8.0
+mlops_serve_version_requests_total{version="2",role="canary",status="500"} 2.0
+# TYPE mlops_serve_version_errors counter
+mlops_serve_version_errors_total{version="2",role="canary"} 2.0
+# TYPE mlops_serve_version_request_latency_seconds histogram
+mlops_serve_version_request_latency_seconds_bucket{version="2",role="canary",le="0.5"} 9.0
+mlops_serve_version_request_latency_seconds_bucket{version="2",role="canary",le="+Inf"} 10.0
+mlops_serve_version_request_latency_seconds_count{version="2",role="canary"} 10.0
+mlops_serve_version_request_latency_seconds_sum{version="2",role="canary"} 3.0
+"""
+    stats = parse_metrics(text)
+    assert stats["1"].requests == 90 and stats["1"].errors == 0
+    assert stats["2"].requests == 10 and stats["2"].errors == 2 and stats["2"].buckets[0.5] == 9

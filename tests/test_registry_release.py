@@ -324,11 +324,11 @@ def test_a_failed_ledger_write_leaves_alias_and_ledger_as_they_were(reg, monkeyp
     def broken(*args, **kwargs):
         raise sa.exc.OperationalError("INSERT", {}, Exception("database is locked"))
 
-    monkeypatch.setattr(ledger, "append", broken)
     before = ledger_size()
-    with pytest.raises(Exception, match="database is locked"):
-        promote(reg["who"]["bob"], "bot", "1", "staging")
-    monkeypatch.undo()
+    with monkeypatch.context() as patched:  # undo only this patch, not the fixture's home
+        patched.setattr(ledger, "append", broken)
+        with pytest.raises(Exception, match="database is locked"):
+            promote(reg["who"]["bob"], "bot", "1", "staging")
     assert aliases() == {} and ledger_size() == before
 
 
