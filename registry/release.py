@@ -227,9 +227,10 @@ def plan_rollback(actor: Identity, state: ModelState, model: str, reason: str | 
     if target == current:
         raise RefusedError(f"version {target} is already in production.")
     target_state = _version_state(state, target)
-    if target_state.stage not in ("archived", "staging", "candidate"):
-        raise RefusedError(f"version {target} is {target_state.stage}; a rollback brings back an earlier "
-                           "champion (archived) or a staged version.")
+    if target_state.stage != "archived":  # only a former champion: a rollback never releases an unapproved version
+        raise RefusedError(f"version {target} is {target_state.stage}; a rollback brings back an earlier champion "
+                           "(archived). Fix: roll back to a former production version, or release this one through "
+                           "request, approval and promotion.")
     checked = checked_artifacts(model, target_state) if check_artifacts else {}
     released = sorted(a for a, v in state.aliases.items() if v == target and a != "production")
     return Plan(entries=[dict(actor=actor.name, action="rollback", model=model, version=target,
@@ -302,4 +303,5 @@ def _refuse_failing(results, model: str, version: str) -> None:
 
 def _need_comment(text: str | None, what: str) -> None:
     if not text or not text.strip():
-        raise RefusedError(f"a {what} needs a comment saying why. Fix: pass --comment \"...\" (or --reason).")
+        raise RefusedError(f"{'an' if what[0] in 'aeiou' else 'a'} {what} needs a comment saying why. "
+                           "Fix: pass --comment \"...\" (or --reason).")
