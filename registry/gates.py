@@ -203,8 +203,13 @@ def _shadow_rows_evidence(model: str, version: str) -> dict:
 
 def shadow_gate(model: str, version_state, policy) -> GateResult:
     evidence = read_shadow_evidence(model, version_state.version)
-    shadowed = int(evidence.get("shadowed", evidence.get("requests", 0)) or 0)
-    errors = int(evidence.get("errors", 0) or 0)
+    # The counts the policy speaks of come from the request log's shadow rows of this version; the report's
+    # comparison figures (agreement, deltas, win rate) are kept beside them as evidence.
+    counted = _shadow_rows_evidence(model, version_state.version)
+    reported, reported_errors = evidence.get("shadowed"), evidence.get("errors")
+    shadowed = int(reported) if isinstance(reported, int) and reported else int(counted["shadowed"])
+    errors = int(reported_errors) if isinstance(reported_errors, int) else int(counted["errors"])
+    evidence = {**evidence, "shadowed": shadowed, "shadow_errors": errors}
     rate = errors / shadowed if shadowed else 0.0
     import json
 

@@ -100,7 +100,11 @@ def engine(url: str | None = None):
         if url.startswith("sqlite:///"):
             from pathlib import Path
 
-            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            from mlops.paths import mlops_dir
+
+            folder = Path(url.removeprefix("sqlite:///")).parent
+            if folder == mlops_dir():  # the embedded default's folder; a named database must already be there
+                folder.mkdir(parents=True, exist_ok=True)
         eng = sa.create_engine(url, connect_args={"timeout": 30, "isolation_level": None},
                                poolclass=sa.pool.NullPool)
 
