@@ -206,8 +206,10 @@ def test_cli_eval_and_gate_on_the_tiny_model(registered):
                                  "--config", "configs/eval/smoke.yaml", "eval.limit=3"])
     assert result.exit_code == 0, result.output
     assert "general_knowledge" in result.output and "eval run:" in result.output
+    # The gate counts only evals of the suites and limit its own config declares: the same overrides.
     result = runner.invoke(app, ["gate", "--challenger", "models:/bot@candidate", "--champion",
-                                 "models:/bot@production", "--config", "configs/eval/smoke.yaml"])
+                                 "models:/bot@production", "--config", "configs/eval/smoke.yaml",
+                                 "eval.limit=3", "eval.suites=[general]"])
     # the production version was never evaluated: the gate says how to fix that
     assert result.exit_code != 0 and "mlops eval --model models:/bot@production" in str(result.exception or "")
 
