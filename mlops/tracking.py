@@ -234,7 +234,8 @@ class MlflowTracker:
             python_model=HFChatModel(),
             artifacts={HF_ARTIFACT: str(hf_dir)},
             pip_requirements=["mlops-llm", "torch==2.13.0", "transformers"],
-            metadata=dict(metadata) if metadata else None,
+            # MLmodel is YAML: keys must be plain strings (lineage Tag members are str enums).
+            metadata={str(k): str(v) for k, v in metadata.items()} if metadata else None,
         )
         return f"runs:/{self.run_id}/{name}"
 

@@ -91,7 +91,7 @@ def finish(run):
                                       output_root(prep.cfg) / tracker.run_id / "hf", max_context=t.max_context)
         profile = load_profile(model_dir)
         content_id = model_content_id(model_dir)  # once, here: every later stage reads it from the tags
-        model_uri = tracker.log_hf_model(model_dir, metadata={**prep.lineage.as_tags(), Tag.MODEL_ID: content_id})
+        model_uri = tracker.log_hf_model(model_dir, metadata={**prep.lineage.as_tags(), str(Tag.MODEL_ID): content_id})
         tracker.log_artifact(model_dir / PROFILE_FILE, "deployment_profile")
         tracker.set_tags({Tag.PROFILE_HASH: profile.profile_hash(), Tag.PROFILE: profile.to_yaml(),
                           Tag.MODEL_ID: content_id})
