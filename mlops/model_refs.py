@@ -138,9 +138,9 @@ class ResolvedModel(_TagView):
 def client():
     from mlflow import MlflowClient
 
-    from mlops.tracking import tracking_uri
+    from mlops.tracking import registry_uri, tracking_uri
 
-    return MlflowClient(tracking_uri=tracking_uri())
+    return MlflowClient(tracking_uri=tracking_uri(), registry_uri=registry_uri())
 
 
 def is_missing(err: BaseException) -> bool:
@@ -298,12 +298,11 @@ def download(uri: str) -> Path:
     """A local path for an artifact URI (local stores are returned in place; remote ones are copied)."""
     import mlflow
 
-    from mlops.tracking import tracking_uri
+    from mlops.tracking import use_store
 
-    store = tracking_uri()
     # A version's source is a logged model's `models:/m-<id>` URI. MLflow 3.17 looks that id up through the
     # process-wide tracking URI, ignoring the `tracking_uri` argument: unset, it reads (and creates) ./mlflow.db.
-    mlflow.set_tracking_uri(store)
+    store = use_store()
     return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, tracking_uri=store))
 
 

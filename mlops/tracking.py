@@ -46,6 +46,21 @@ def tracking_uri() -> str:
     return os.environ.get(URI_ENV, "").strip() or default_tracking_uri()
 
 
+def registry_uri() -> str:
+    """The model registry's store: MLFLOW_REGISTRY_URI when set, else the tracking store."""
+    return os.environ.get("MLFLOW_REGISTRY_URI", "").strip() or tracking_uri()
+
+
+def use_store(uri: str | None = None) -> str:
+    """Point MLflow's process-wide tracking URI (which its fluent calls and the registry follow) at the configured
+    store. Never `set_registry_uri`: MLflow writes it into MLFLOW_REGISTRY_URI, which then outlives the store."""
+    import mlflow
+
+    uri = uri or tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    return uri
+
+
 def display_uri(uri: str) -> str:
     """A URI without its password, for messages and tags."""
     parsed = urllib.parse.urlsplit(uri)
@@ -224,7 +239,7 @@ class MlflowTracker:
 
         from mlops.hf_pyfunc import HF_ARTIFACT, HFChatModel
 
-        mlflow.set_tracking_uri(self.uri)
+        use_store(self.uri)
         active = mlflow.active_run()
         if active is None or active.info.run_id != self.run_id:
             # Attach without the context manager: leaving it would end the run early.

@@ -34,7 +34,7 @@ def register_model_version(
     import mlflow
 
     from mlops.model_refs import model_content_id
-    from mlops.tracking import tracking_uri
+    from mlops.tracking import use_store
 
     c = client()
     run = call(f"run {run_id}", c.get_run, run_id, missing=f"run {run_id} does not exist")
@@ -51,7 +51,7 @@ def register_model_version(
         Tag.PROFILE: profile.to_yaml(),
         **(tags or {}),
     }
-    mlflow.set_tracking_uri(tracking_uri())
+    use_store()
     str_tags = {k: str(v) for k, v in version_tags.items()}
     mv = call(f"registered model '{name}'",
               lambda: mlflow.register_model(f"runs:/{run_id}/{artifact_path}", name, tags=str_tags))

@@ -30,7 +30,17 @@ def mlops_home(tmp_path, monkeypatch) -> Path:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+    forget_process_wide_store()
     return home
+
+
+def forget_process_wide_store() -> None:
+    """MLflow keeps the last `set_tracking_uri` process-wide (and resolves `models:/m-...` sources through it):
+    a store an earlier test used, such as a PostgreSQL database dropped since, must not leak into this one."""
+    import mlflow
+
+    mlflow.set_tracking_uri(None)
 
 
 @pytest.fixture(scope="session")

@@ -142,5 +142,5 @@ def test_killed_builds_leave_nothing_behind_once_the_next_build_starts(mlops_hom
     assert staging(mlops_home) == []
     statuses = sorted(r.info.status for r in runs(mlops_home))
     assert statuses == ["FINISHED", "KILLED", "KILLED"]
-    reaped = [r for r in runs(mlops_home) if "died without closing" in r.data.tags.get("mlops.failure_reason", "")]
+    reaped = [r for r in runs(mlops_home) if "is gone" in r.data.tags.get("mlops.failure_reason", "")]
     assert len(reaped) == 1

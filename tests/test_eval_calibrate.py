@@ -28,3 +28,18 @@ def test_write_replaces_only_the_generated_block(tmp_path):
     text = path.read_text()
     assert "old table" not in text and "new table" in text
     assert text.startswith("# Title\nkept intro") and text.rstrip().endswith("kept notes")
+
+
+def test_the_verdict_says_plainly_which_dimensions_miss_the_interval_and_by_how_much():
+    from evaluation.calibrate import suite_row, verdict
+
+    primary = {"a": "acc_norm", "b": "acc_norm"}
+    base = {"a": {"acc_norm": 0.25, "acc_norm_stderr": 0.05}, "b": {"acc_norm": 0.25, "acc_norm_stderr": 0.05}}
+    tuned = {"a": {"acc_norm": 0.60, "acc_norm_stderr": 0.05}, "b": {"acc_norm": 0.27, "acc_norm_stderr": 0.05}}
+    counts = {"a": 24, "b": 24}
+    dims = dimension_rows(base, tuned, primary, {"billing": ["a"], "tone": ["b"]}, counts)
+    suite = suite_row(base, tuned, primary, counts)
+    assert suite["n"] == 48 and math.isclose(suite["delta"], (0.35 + 0.02) / 2) and suite["improved"]
+    text = "\n".join(verdict(suite, dims))
+    assert "beats the base model beyond the interval" in text
+    assert "1 of 2 dimensions: tone +0.020" in text and "billing" not in text.split("Not beyond")[1]

@@ -286,16 +286,37 @@ def _work(cfg, spec: dict, ckpt_dir: Path, preempted: type) -> None:
     from training.prepare import prepare
     from training.trainer import train
 
+    world = init_world(cfg.train.deepspeed.backend)
     try:
-        world = init_world(cfg.train.deepspeed.backend)
-        try:
-            prep = prepare(cfg, world.size, smoke=spec["smoke"], verify_inputs=False, lock=False,
-                           ckpt_dir=ckpt_dir)
-            result = train(cfg, prepared=prep).as_dict()
-        except MLOpsError as err:
-            result = {"status": "KILLED" if isinstance(err, preempted) else "FAILED", "error": str(err),
-                      "exit_code": err.exit_code}
-        if world.rank == 0 and os.environ.get(RESULT_ENV):
+        prep = prepare(cfg, world.size, smoke=spec["smoke"], verify_inputs=False, lock=False, ckpt_dir=ckpt_dir)
+        result = train(cfg, prepared=prep).as_dict()
+    except preempted as err:  # every rank agreed on the stop: they all reach the barrier below
+        result = {"status": "KILLED", "error": str(err), "exit_code": err.exit_code}
+    except BaseException as err:
+        return _exit_alone(world, err)
+    if world.rank == 0 and os.environ.get(RESULT_ENV):
+        Path(os.environ[RESULT_ENV]).write_text(json.dumps(result))
+    shutdown_world()
+
+
+def _exit_alone(world, err: BaseException) -> None:
+    """A rank that fails on its own leaves at once, saying why. The others may be inside a collective it will
+    never join: a barrier would hang them all until gloo's 10-minute timeout, whereas a non-zero exit makes the
+    launcher stop every worker now. Rank 0 first writes the error where the launcher reads the result."""
+    import traceback
+
+    code = getattr(err, "exit_code", 1) or 1
+    if isinstance(err, MLOpsError):
+        if world.rank == 0 and os.environ.get(RESULT_ENV):  # the launcher reports it
+            result = {"status": "FAILED", "error": str(err), "exit_code": code}
             Path(os.environ[RESULT_ENV]).write_text(json.dumps(result))
-    finally:
-        shutdown_world()
+        else:
+            print(f"[rank{world.rank}] error: {err}", file=sys.stderr, flush=True)
+        if world.size == 1:
+            return shutdown_world()
+    elif world.size == 1:
+        raise err
+    else:
+        print(f"[rank{world.rank}] {traceback.format_exc()}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(code)

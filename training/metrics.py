@@ -160,6 +160,9 @@ class NullTracker:
     def set_tags(self, tags) -> None:
         pass
 
+    def delete_tags(self, keys) -> None:
+        pass
+
     def log_artifact(self, path, artifact_path=None) -> None:
         pass
 
