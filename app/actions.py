@@ -19,11 +19,9 @@ def _comment(key: str | None) -> str:
     return (st.session_state.get(key) or "").strip() if key else ""
 
 
-def perform(what: str, action, *args, clear: tuple[str, ...] = (), **kwargs) -> None:
-    """Run `action(identity, *args, **kwargs)`; flash its ledger entry or its refusal. After a success the
-    widgets named in `clear` (comment, confirmation) are emptied for the next decision."""
-    import streamlit as st
-
+def attempt(what: str, action, *args, **kwargs):
+    """(identity, what `action(identity, *args, **kwargs)` returned), or None once a refusal, an expired session
+    or an outage has been flashed. Cached reads are cleared either way."""
     from app import data, ui
     from app.auth import current
     from app.config import settings
@@ -34,20 +32,31 @@ def perform(what: str, action, *args, clear: tuple[str, ...] = (), **kwargs) -> 
         actor = current(settings().session_timeout_min)
         if actor is None:
             ui.flash("error", f"{what}: you are not logged in any more (the session expired). Nothing was changed.")
-            return
-        entry = action(actor, *args, **kwargs)
+            return None
+        return actor, action(actor, *args, **kwargs)
     except (RefusedError, AuthError) as err:
         ui.flash("error", f"{what} refused: {err}")
-        return
     except MLOpsError as err:  # an outage: the store, the ledger or the identities file cannot be used
         ui.flash("error", f"{what} could not be done: {err}")
-        return
     except Exception as err:  # noqa: BLE001 - the page must stay usable; the log keeps the traceback
         ui.log.exception("app: %s failed", what)
         ui.flash("error", f"{what} failed: {ui.plain(err)}")
-        return
     finally:
         data.invalidate()
+    return None
+
+
+def perform(what: str, action, *args, clear: tuple[str, ...] = (), **kwargs) -> None:
+    """Run `action(identity, *args, **kwargs)`; flash its ledger entry or its refusal. After a success the
+    widgets named in `clear` (comment, confirmation) are emptied for the next decision."""
+    import streamlit as st
+
+    from app import ui
+
+    done = attempt(what, action, *args, **kwargs)
+    if done is None:
+        return
+    actor, entry = done
     row = entry.as_dict()
     st.session_state[RESULT_KEY] = {"what": what, "entry": row}
     for key in clear:
@@ -93,3 +102,28 @@ def rollback(model: str, to_version: str | None, expect_version: str | None, rea
 
     perform(f"Roll back {model}", act, model, _comment(reason_key), to_version=to_version,
             expect_version=expect_version or "none", clear=(reason_key, confirm_key))
+
+
+def spot_check(check_id: str, items: list[int], prefix: str) -> None:
+    """Record the verdicts given on the page (items left without a choice are skipped, not cleared)."""
+    import streamlit as st
+
+    from app import ui
+    from registry.spotcheck import record_many
+
+    verdicts = [{"item": n, "preferred": st.session_state.get(f"{prefix}-pref-{n}"),
+                 "wrong_fact": "".join(st.session_state.get(f"{prefix}-wrong-{n}") or []),
+                 "note": st.session_state.get(f"{prefix}-note-{n}") or ""} for n in items]
+    verdicts = [v for v in verdicts if v["preferred"]]
+    if not verdicts:
+        ui.flash("error", "Spot-check: no verdict was chosen. Nothing was recorded.")
+        return
+    done = attempt(f"Spot-check {check_id}", record_many, check_id, verdicts)
+    if done is not None:
+        actor, summary = done
+        tallies = summary["tallies"]
+        state = "complete: the review is in the ledger" if summary["complete"] else "not complete yet"
+        ui.flash("success", f"Spot-check {check_id}: {len(verdicts)} verdict(s) recorded as {actor.name}; "
+                            f"{summary['reviewed']} of {summary['items']} items reviewed ({state}); "
+                            f"same or better {tallies['share_same_or_better']:.0%}, wrong facts "
+                            f"{tallies['wrong_fact']}.")

@@ -247,3 +247,22 @@ def aliases_now(model: str) -> dict[str, str]:
     from registry.transition import registry_aliases
 
     return registry_aliases(model)
+
+
+# --------------------------------------------------------------------------- spot-checks (blind review)
+
+
+@_cached
+def spot_checks(store: str, model: str) -> list[dict]:
+    """Ledgered spot-checks of a model, newest first, each with its review progress and tallies."""
+    from registry import spotcheck, spotcheck_store
+
+    return [{**c, **spotcheck.summary(c["check_id"])} for c in spotcheck_store.checks_of(model)]
+
+
+@_cached
+def spot_items(store: str, check_id: str) -> list[dict]:
+    """The items as a reviewer may see them: never which model wrote answer A or B."""
+    from registry.spotcheck import blind_items
+
+    return blind_items(check_id)

@@ -8,6 +8,7 @@ NAV = {
     "Review": [("models", "Models", ":material/inventory_2:"), ("version", "Version", ":material/account_tree:"),
                ("compare", "Compare", ":material/compare_arrows:")],
     "Decide": [("approvals", "Approvals", ":material/how_to_reg:"),
+               ("spotcheck", "Spot-check", ":material/rate_review:"),
                ("release", "Promote / Rollback", ":material/rocket_launch:")],
     "Audit": [("ledger", "Ledger", ":material/receipt_long:")],
 }

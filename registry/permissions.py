@@ -73,3 +73,14 @@ def may_override(actor: Identity, state: ModelState, version: str, gate: str) ->
     from registry.release import plan_override
 
     return _ask(actor, "override", plan_override, actor, state, state.model, version, gate, None)
+
+
+def may_review_spot_check(actor: Identity, state: ModelState, check: dict) -> Permission:
+    """Record verdicts on this spot-check (the role, and never on a version one trained or registered)."""
+    from registry.spotcheck import may_review
+
+    try:
+        may_review(actor, state, check)
+        return Permission(True)
+    except MLOpsError as err:
+        return Permission(False, str(err))

@@ -117,18 +117,23 @@ def record_many(reviewer: Identity, check_id: str, verdicts: list[dict], *, url:
     """
     from registry.audit import model_state
 
-    require(reviewer, "spot_check")
     check = _ledgered(check_id, url)
-    vs = _version(model_state(check["model"], url=url), check["version"])
-    if reviewer.name in (vs.trainer, vs.registered_by):
-        raise RefusedError(f"'{reviewer.name}' trained or registered version {check['version']} of "
-                           f"'{check['model']}' and so may not review its spot-check. Nothing was recorded. Fix: ask "
-                           "another reviewer.")
+    may_review(reviewer, model_state(check["model"], url=url), check)
     items = {i["item_no"]: i for i in store.items_of(check_id, url)}
     rows = [_verdict_row(reviewer, check_id, items, v) for v in verdicts]
     for row in rows:
         store.insert_verdict(row, url)
     return _maybe_complete(reviewer, check, url)
+
+
+def may_review(reviewer: Identity, state, check: dict) -> None:
+    """Refuse (RefusedError, AuthError) a reviewer without the role, or one who trained or registered the version."""
+    require(reviewer, "spot_check")
+    vs = _version(state, check["version"])
+    if reviewer.name in (vs.trainer, vs.registered_by):
+        raise RefusedError(f"'{reviewer.name}' trained or registered version {check['version']} of "
+                           f"'{check['model']}' and so may not review its spot-check. Nothing was recorded. Fix: ask "
+                           "another reviewer.")
 
 
 def pending(check_id: str, *, url: str | None = None) -> list[dict]:
