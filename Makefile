@@ -47,8 +47,10 @@ test-all: install
 lint: install
 	$(BIN)/ruff check .
 
+# Every benchmark, one after the other; writes benchmarks/results/<date>.{json,md} and benchmarks/RESULTS.md.
+# ARGS="--only registry,shadow" runs some of them.
 bench: install
-	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	$(BIN)/python benchmarks/report.py $(ARGS)
 
 clean-state:
 	rm -rf .mlops

@@ -187,7 +187,8 @@ class _Run:
         tr.log_dict(config, "config/deepspeed.json")
         tr.log_input(prep.snapshot_id, prep.snapshot_id, str(prep.snapshot_dir))
         tr.log_dict(self.plan, "plan.json")
-        tr.log_metrics({f"plan/{k}": float(v) for k, v in self.plan.items()}, self.step)
+        # Params, not metrics: constants drawn as charts would open the run's Model metrics page above the loss.
+        tr.log_params({f"plan.{k}": f"{float(v):.4g}" for k, v in self.plan.items()})
 
     # ----------------------------------------------------------------- the loop
 
