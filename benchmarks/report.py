@@ -47,7 +47,8 @@ def machine() -> dict:
 
 
 def goal_lines(output: str) -> list[str]:
-    return [line.strip() for line in output.splitlines() if GOAL.search(line)]
+    """Lines that state a goal, with the section headers (`== name`) that say which setting they belong to."""
+    return [line.strip() for line in output.splitlines() if GOAL.search(line) or line.startswith("== ")]
 
 
 def run_one(script: Path, extra: list[str], timeout: float) -> dict:
@@ -61,7 +62,8 @@ def run_one(script: Path, extra: list[str], timeout: float) -> dict:
         code, output = "timeout", (err.stdout or b"").decode(errors="replace") if isinstance(err.stdout, bytes) \
             else (err.stdout or "")
     goals = goal_lines(output)
-    return {"benchmark": script.stem, "command": " ".join(shlex.quote(c) for c in cmd), "exit_code": code,
+    shown = ["python", os.path.relpath(script, HERE.parent), *extra]
+    return {"benchmark": script.stem, "command": " ".join(shlex.quote(c) for c in shown), "exit_code": code,
             "seconds": round(time.perf_counter() - started, 1), "load_before": [round(x, 2) for x in before],
             "load_after": [round(x, 2) for x in os.getloadavg()], "goals": goals,
             "missed": [g for g in goals if MISS.search(g)], "output": output}
@@ -79,10 +81,11 @@ def render(report: dict) -> str:
              "| benchmark | exit | seconds | load before → after | goals missed |", "| --- | --- | --- | --- | --- |"]
     for r in report["results"]:
         lines.append(f"| {r['benchmark']} | {r['exit_code']} | {r['seconds']} | {r['load_before'][0]} → "
-                     f"{r['load_after'][0]} | {len(r['missed'])} of {len(r['goals'])} goal lines |")
+                     f"{r['load_after'][0]} | {len(r['missed'])} of {sum(not g.startswith('==') for g in r['goals'])} goal lines |")
     for r in report["results"]:
         lines += ["", f"## {r['benchmark']}", "", f"`{r['command']}`", ""]
-        lines += [f"- {'**MISSED** ' if MISS.search(g) else ''}`{g}`" for g in r["goals"]] or ["- (no goal lines)"]
+        lines += [f"\n**{g.strip('= ')}**\n" if g.startswith("==") else f"- {'**MISSED** ' if MISS.search(g) else ''}`{g}`"
+                  for g in r["goals"]] or ["- (no goal lines)"]
         if r["exit_code"] not in (0, "0"):
             lines += ["", f"Exit code {r['exit_code']}: the full output is in the JSON file."]
     not_run = report.get("not_run")

@@ -12,13 +12,13 @@ import report  # noqa: E402
 
 def test_goal_lines_are_kept_and_misses_are_marked_in_the_summary(tmp_path):
     bench = tmp_path / "bench_fake.py"
-    bench.write_text("print('warm-up 3 s')\nprint('promote p95 80 ms  met')\nprint('rollback p95 300 ms  MISSED')\n")
+    bench.write_text("print('warm-up 3 s')\nprint('== sqlite')\nprint('promote p95 80 ms  met')\nprint('rollback p95 300 ms  MISSED')\n")
     result = report.run_one(bench, [], timeout=60)
     assert result["exit_code"] == 0
-    assert result["goals"] == ["promote p95 80 ms  met", "rollback p95 300 ms  MISSED"]
+    assert result["goals"] == ["== sqlite", "promote p95 80 ms  met", "rollback p95 300 ms  MISSED"]
     assert result["missed"] == ["rollback p95 300 ms  MISSED"]
     text = report.render({"date": "2026-12-01", "machine": report.machine(), "results": [result], "not_run": ["x"]})
-    assert "| bench_fake | 0 |" in text and "1 of 2 goal lines" in text
+    assert "| bench_fake | 0 |" in text and "1 of 2 goal lines" in text and "**sqlite**" in text
     assert "- **MISSED** `rollback p95 300 ms  MISSED`" in text and "- `promote p95 80 ms  met`" in text
     assert "Not run this time: x" in text and "cores" in text
 
