@@ -159,6 +159,19 @@ def suite_row(base: dict, tuned: dict, primary: dict[str, str], counts: dict[str
             "improved": c - b > half}
 
 
+def base_vs_chance(tasks: list[dict]) -> str:
+    """Is the untuned model at or above chance on each multiple-choice task, and where not, is it noise?"""
+    mc = [t for t in tasks if t["chance"] is not None]
+    below = [t for t in mc if t["base"] < t["chance"]]
+    line = f"**Base model vs chance**: at or above chance on {len(mc) - len(below)} of {len(mc)} multiple-choice tasks"
+    if not below:
+        return line + "."
+    named = "; ".join(f"{t['task']} {t['base']:.3f} (chance {t['chance']:.2f}, a model at chance lands within "
+                      f"±{Z * math.sqrt(t['chance'] * (1 - t['chance']) / t['n']):.3f} of it at n = {t['n']})"
+                      for t in below)
+    return f"{line}; below: {named}."
+
+
 def verdict(suite: dict, dimensions: list[dict]) -> list[str]:
     """Plain sentences: does the tuned model beat the base beyond the interval, and by how much it does not."""
     head = (f"**Whole business suite** (n = {suite['n']}): base {suite['base']:.3f}, tuned {suite['tuned']:.3f}, "
@@ -211,7 +224,7 @@ def render(report: dict) -> str:
         lines.append(f"| {row['dimension']} | {row['n']} | {row['base']:.3f} | {row['tuned']:.3f} | "
                      f"{row['delta']:+.3f} | [{row['lo']:+.3f}, {row['hi']:+.3f}] | {row['mdi']:.3f} / "
                      f"{row['mdi_p50']:.3f} | {'yes' if row['improved'] else 'no'} |")
-    lines += ["", *verdict(report["suite"], report["dimensions"])]
+    lines += ["", base_vs_chance(report["tasks"]), "", *verdict(report["suite"], report["dimensions"])]
     t = report["training"]
     lines += ["", f"Tuned model: snapshot `{t.get('snapshot_id')}`, run `{t.get('run_id')}`, {t.get('steps')} steps, "
               f"data build + training {t.get('train_s', 0) / 60:.1f} min. Contamination report on it: "

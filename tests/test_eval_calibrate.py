@@ -43,3 +43,14 @@ def test_the_verdict_says_plainly_which_dimensions_miss_the_interval_and_by_how_
     text = "\n".join(verdict(suite, dims))
     assert "beats the base model beyond the interval" in text
     assert "1 of 2 dimensions: tone +0.020" in text and "billing" not in text.split("Not beyond")[1]
+
+
+def test_a_base_model_below_chance_is_named_with_the_noise_band_of_its_task():
+    from evaluation.calibrate import base_vs_chance
+
+    tasks = [{"task": "a_mc", "n": 24, "chance": 0.25, "base": 0.167}, {"task": "b_mc", "n": 24, "chance": 0.25,
+             "base": 0.30}, {"task": "c_gen", "n": 12, "chance": None, "base": 0.1}]
+    text = base_vs_chance(tasks)
+    assert "at or above chance on 1 of 2 multiple-choice tasks" in text
+    assert f"a_mc 0.167 (chance 0.25, a model at chance lands within ±{Z * math.sqrt(0.25 * 0.75 / 24):.3f}" in text
+    assert base_vs_chance(tasks[1:]).endswith("on 1 of 1 multiple-choice tasks.")
