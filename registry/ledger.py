@@ -105,7 +105,8 @@ def engine(url: str | None = None):
             folder = Path(url.removeprefix("sqlite:///")).parent
             if folder == mlops_dir():  # the embedded default's folder; a named database must already be there
                 folder.mkdir(parents=True, exist_ok=True)
-        eng = sa.create_engine(url, connect_args={"timeout": 30, "isolation_level": None},
+        busy = float(os.environ.get("MLOPS_SQLITE_BUSY_TIMEOUT", "30"))  # seconds a writer waits for the lock
+        eng = sa.create_engine(url, connect_args={"timeout": busy, "isolation_level": None},
                                poolclass=sa.pool.NullPool)
 
         @sa.event.listens_for(eng, "begin")

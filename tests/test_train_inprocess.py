@@ -37,7 +37,8 @@ def trace(tmp_path, name):
     return read_trace(tmp_path / name / "trace.jsonl")
 
 
-@pytest.mark.parametrize("mode,zero", [("full", 0), ("lora", 2)])
+# Full fine-tuning resumes through the same code as LoRA; its heavier variant (~75 s) runs with the slow tests.
+@pytest.mark.parametrize("mode,zero", [pytest.param("full", 0, marks=pytest.mark.slow), ("lora", 2)])
 def test_resume_after_crash_is_bitwise_identical(make_cfg, tmp_path, mode, zero):
     from training.trainer import SimulatedCrash
 
