@@ -172,7 +172,8 @@ def main() -> None:
             a = row[arm]
             print(f"{shape:9} {arm:6} {a['requests']:4} req  {a['rps']:6.2f} req/s  p50 {a['p50_ms']:7.1f} ms  "
                   f"p95 {a['p95_ms']:7.1f} ms  failures {a['failures']}")
-        print(f"{shape:9} shadow {args.share:.0%}: p95 ratio {row['p95_ratio']:.3f} (goal <= 1.05), throughput ratio "
+        print(f"{shape:9} shadow {args.share:.0%}: p95 ratio {row['p95_ratio']:.3f} (goal <= 1.05: "
+              f"{'met' if row['p95_ratio'] <= 1.05 else 'MISSED'}), throughput ratio "
               f"{row['rps_ratio']:.3f}; shadow outcomes so far {json.dumps(row['shadow_outcomes'])}")
     print(f"load average after: {os.getloadavg()}")
     print(f"server logs: {home}")

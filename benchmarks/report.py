@@ -94,12 +94,21 @@ def render(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def settle(limit_s: float) -> None:
+    """Wait (up to `limit_s`) for the 1-minute load average to fall below half the cores: a benchmark that starts
+    while the previous one's processes still weigh on the machine measures them too."""
+    deadline = time.monotonic() + limit_s
+    while os.getloadavg()[0] > 0.5 * (os.cpu_count() or 1) and time.monotonic() < deadline:
+        time.sleep(5)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", default="", help="comma-separated names (registry, shadow, ...); default: all")
     parser.add_argument("--args", action="append", default=[], help='extra arguments, e.g. "registry=--iterations 10"')
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per benchmark")
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--settle", type=float, default=180, help="seconds to wait for a quiet machine before each")
     args = parser.parse_args(argv)
     scripts = sorted(HERE.glob("bench_*.py"))
     wanted = {n.strip() for n in args.only.split(",") if n.strip()}
@@ -113,10 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     report = {"date": date, "machine": machine(), "results": [],
               "not_run": [s.stem for s in scripts if s not in chosen]}
     for script in chosen:
+        settle(args.settle)
         print(f"== {script.name}", flush=True)
         result = run_one(script, shlex.split(extra.get(script.stem.removeprefix("bench_"), "")), args.timeout)
         print("\n".join(result["goals"]) or "(no goal lines)", flush=True)
         report["results"].append(result)
+    earlier = args.out / f"{date}.json"
+    if earlier.exists():  # keep today's earlier results of the benchmarks not run now
+        ran = {r["benchmark"] for r in report["results"]}
+        kept = [r for r in json.loads(earlier.read_text())["results"] if r["benchmark"] not in ran]
+        report["results"] = sorted(kept + report["results"], key=lambda r: r["benchmark"])
+        report["not_run"] = [n for n in report["not_run"] if n not in {r["benchmark"] for r in kept}]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{date}.json").write_text(json.dumps(report, indent=2) + "\n")
     summary = render(report)

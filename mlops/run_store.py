@@ -3,6 +3,7 @@ through printed output. Errors of the store are reported as outages, never as "n
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -52,6 +53,11 @@ def load_run_text(run_id: str, artifact_path: str) -> str:
     from mlops.tracking import tracking_uri
 
     missing = f"run {run_id} has no artifact '{artifact_path}'"
+    in_place = _local_artifact(run_id, artifact_path)
+    if in_place is not None:
+        if not in_place.is_file():
+            raise NotFoundError(missing)
+        return in_place.read_text(encoding="utf-8")
     try:
         local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path,
                                                     tracking_uri=tracking_uri())
@@ -62,3 +68,27 @@ def load_run_text(run_id: str, artifact_path: str) -> str:
             raise NotFoundError(missing) from None
         raise unavailable(err, f"artifact {artifact_path} of run {run_id}") from err
     return Path(local).read_text(encoding="utf-8")
+
+
+def _local_artifact(run_id: str, artifact_path: str) -> Path | None:
+    """The artifact's own file when the run's artifacts live on this file system (the embedded default), read in
+    place: MLflow's download would copy it into a temporary folder first, most of a registry act's time. None for
+    remote artifact stores (a tracking server's `mlflow-artifacts:`, S3, ...), which are downloaded."""
+    from urllib.parse import unquote, urlsplit
+
+    from mlops.tracking import tracking_uri
+
+    root = _artifact_root(tracking_uri(), run_id)
+    if root.startswith("file:"):
+        root = unquote(urlsplit(root).path)
+    elif "://" in root or root.startswith(("mlflow-artifacts:", "models:", "runs:")):
+        return None
+    base = Path(root).resolve()
+    target = (base / artifact_path).resolve()
+    return target if target.is_relative_to(base) else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _artifact_root(store: str, run_id: str) -> str:
+    """A run's artifact URI never changes once the run exists: asked of the store once per process."""
+    return get_run(run_id).info.artifact_uri or ""
