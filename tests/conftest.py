@@ -6,7 +6,12 @@ import os
 import uuid
 from pathlib import Path
 
+import hypothesis  # noqa: F401 - see below
 import pytest
+
+# Hypothesis's pytest plugin imports hypothesis lazily, at the terminal summary, when no collected test did; by then
+# in-process training has run, and CPython 3.11.7's parser fails on it ("AST constructor recursion depth
+# mismatch") after every test passed. Imported here, it is parsed at collection like any other module.
 
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
