@@ -56,11 +56,11 @@ def run_one(script: Path, extra: list[str], timeout: float) -> dict:
     before, started = os.getloadavg(), time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=HERE.parent)
-        code, output = proc.returncode, proc.stdout + (f"\n[stderr tail]\n{proc.stderr[-3000:]}" if proc.returncode
-                                                       else "")
-    except subprocess.TimeoutExpired as err:
-        code, output = "timeout", (err.stdout or b"").decode(errors="replace") if isinstance(err.stdout, bytes) \
-            else (err.stdout or "")
+        code, output = proc.returncode, proc.stdout
+        if proc.returncode:
+            output += f"\n[stderr tail]\n{proc.stderr[-3000:]}"
+    except subprocess.TimeoutExpired as err:  # its partial output comes back as bytes even in text mode
+        code, output = "timeout", err.stdout.decode(errors="replace") if isinstance(err.stdout, bytes) else ""
     goals = goal_lines(output)
     shown = ["python", os.path.relpath(script, HERE.parent), *extra]
     return {"benchmark": script.stem, "command": " ".join(shlex.quote(c) for c in shown), "exit_code": code,

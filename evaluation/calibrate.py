@@ -80,27 +80,22 @@ def run_metrics(run_id: str) -> dict[str, dict[str, float]]:
 def stored_tuned_model(eval_run_id: str) -> tuple[str, dict, dict]:
     """(model ref, training summary, contamination report) of an earlier tuned model's eval run, read back from
     the tracking store: what `--from-runs` reports on without training or evaluating again."""
-    import json
-
-    from mlflow import MlflowClient
-
     from mlops.lineage import Tag
-    from mlops.tracking import tracking_uri
+    from mlops.run_store import get_run, load_run_json
 
-    c = MlflowClient(tracking_uri())
-    tags = c.get_run(eval_run_id).data.tags
+    tags = get_run(eval_run_id).data.tags
     training: dict = {}
     if tags.get(Tag.SOURCE_RUN):
-        train = c.get_run(tags[Tag.SOURCE_RUN])
+        train = get_run(tags[Tag.SOURCE_RUN])
         data_s = 0.0
         if train.data.tags.get(Tag.DATA_RUN):
-            data = c.get_run(train.data.tags[Tag.DATA_RUN]).info
+            data = get_run(train.data.tags[Tag.DATA_RUN]).info
             data_s = ((data.end_time or data.start_time) - data.start_time) / 1000
         info = train.info
         training = {"snapshot_id": train.data.tags.get(Tag.SNAPSHOT_ID), "run_id": info.run_id,
                     "steps": int(train.data.metrics.get("steps", 0)),
                     "train_s": data_s + ((info.end_time or info.start_time) - info.start_time) / 1000}
-    contamination = json.loads(Path(c.download_artifacts(eval_run_id, "eval/contamination.json")).read_text())
+    contamination = load_run_json(eval_run_id, "eval/contamination.json")
     return tags.get(Tag.MODEL_REF, "?"), training, contamination
 
 

@@ -138,9 +138,9 @@ class ResolvedModel(_TagView):
 def client():
     from mlflow import MlflowClient
 
-    from mlops.tracking import registry_uri, tracking_uri
+    from mlops.tracking import tracking_uri
 
-    return MlflowClient(tracking_uri=tracking_uri(), registry_uri=registry_uri())
+    return MlflowClient(tracking_uri=tracking_uri())
 
 
 def is_missing(err: BaseException) -> bool:

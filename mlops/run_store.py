@@ -79,11 +79,10 @@ def _local_artifact(run_id: str, artifact_path: str) -> Path | None:
     from mlops.tracking import tracking_uri
 
     root = _artifact_root(tracking_uri(), run_id)
-    if root.startswith("file:"):
-        root = unquote(urlsplit(root).path)
-    elif "://" in root or root.startswith(("mlflow-artifacts:", "models:", "runs:")):
+    parts = urlsplit(root)
+    if parts.scheme not in ("", "file"):
         return None
-    base = Path(root).resolve()
+    base = Path(unquote(parts.path) if parts.scheme else root).resolve()
     target = (base / artifact_path).resolve()
     return target if target.is_relative_to(base) else None
 

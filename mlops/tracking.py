@@ -46,11 +46,6 @@ def tracking_uri() -> str:
     return os.environ.get(URI_ENV, "").strip() or default_tracking_uri()
 
 
-def registry_uri() -> str:
-    """The model registry's store: MLFLOW_REGISTRY_URI when set, else the tracking store."""
-    return os.environ.get("MLFLOW_REGISTRY_URI", "").strip() or tracking_uri()
-
-
 def use_store(uri: str | None = None) -> str:
     """Point MLflow's process-wide tracking URI (which its fluent calls and the registry follow) at the configured
     store. Never `set_registry_uri`: MLflow writes it into MLFLOW_REGISTRY_URI, which then outlives the store."""

@@ -306,17 +306,15 @@ def _exit_alone(world, err: BaseException) -> None:
     import traceback
 
     code = getattr(err, "exit_code", 1) or 1
-    if isinstance(err, MLOpsError):
-        if world.rank == 0 and os.environ.get(RESULT_ENV):  # the launcher reports it
-            result = {"status": "FAILED", "error": str(err), "exit_code": code}
-            Path(os.environ[RESULT_ENV]).write_text(json.dumps(result))
-        else:
-            print(f"[rank{world.rank}] error: {err}", file=sys.stderr, flush=True)
+    if not isinstance(err, MLOpsError):
         if world.size == 1:
-            return shutdown_world()
-    elif world.size == 1:
-        raise err
-    else:
+            raise err
         print(f"[rank{world.rank}] {traceback.format_exc()}", file=sys.stderr, flush=True)
+    elif world.rank == 0 and os.environ.get(RESULT_ENV):  # the launcher reports it
+        Path(os.environ[RESULT_ENV]).write_text(json.dumps({"status": "FAILED", "error": str(err), "exit_code": code}))
+    else:
+        print(f"[rank{world.rank}] error: {err}", file=sys.stderr, flush=True)
+    if world.size == 1:
+        return shutdown_world()
     sys.stdout.flush()
     os._exit(code)
