@@ -161,7 +161,8 @@ def bench_dedup(sizes: list[int]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", nargs="+", default=["pii", "dedup", "build"], choices=["pii", "dedup", "build"])
+    parser.add_argument("--parts", nargs="+", default=["pii", "dedup", "decontam", "build"],
+                        choices=["pii", "dedup", "decontam", "build"])
     parser.add_argument("--dedup-sizes", type=int, nargs="+", default=[2000, 5000, 10000, 20000])
     parser.add_argument("--scales", type=int, nargs=2, default=[1, 4], metavar=("SMALL", "LARGE"))
     parser.add_argument("--json", type=Path, help="also write the measurements here")
@@ -173,6 +174,11 @@ def main() -> None:
         results["pii"] = bench_pii()
     if "dedup" in args.parts:
         results["dedup"] = bench_dedup(args.dedup_sizes)
+    if "decontam" in args.parts:
+        from bench_decontam import measure  # this folder: the same rule the build and the report use
+
+        print("\n== decontamination: paraphrased leaks caught, look-alikes and sample corpus flagged")
+        results["decontam"] = measure()
     if "build" in args.parts:
         results["build"] = bench_build(args.scales)
     print(f"\nload average after: {os.getloadavg()[0]:.2f}")

@@ -83,9 +83,17 @@ def suite_index(make):
 
 
 def main() -> None:
-    cases = json.loads((REPO / "tests" / "data" / "decontam_cases.json").read_text())
     print(f"load average before: {os.getloadavg()[0]:.2f}")
+    measure()
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+def measure() -> dict:
+    """Recall on paraphrased leaks, false positives on look-alikes and on the sample corpus, and cost, per rule;
+    printed as a table (`bench_data.py` prints it beside the PII and dedup figures)."""
+    cases = json.loads((REPO / "tests" / "data" / "decontam_cases.json").read_text())
     messages = corpus_messages()
+    results = {}
     rules = {"build 13-gram (old)": lambda: RawNgram(13, 8), "report 8-gram (old)": lambda: RawNgram(8, 1),
              "shared rule (default)": lambda: EvalIndex(ContaminationRule())}
     seconds = {}
@@ -102,9 +110,12 @@ def main() -> None:
         seconds[name] = time.perf_counter() - started
         print(f"{name:24} {caught:>4}/{len(cases['leaks']):<4} {fp:>4}/{len(cases['clean']):<4} "
               f"{flagged:>5}/{len(messages):<5} {seconds[name]:>8.2f}")
+        results[name] = {"leaks_caught": caught, "leaks": len(cases["leaks"]), "fp_cases": fp,
+                         "clean_cases": len(cases["clean"]), "fp_corpus": flagged, "corpus": len(messages),
+                         "seconds": seconds[name]}
     ratio = seconds["shared rule (default)"] / seconds["build 13-gram (old)"]
     print(f"cost ratio shared/old-13: {ratio:.2f} ({len(messages)} messages)")
-    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    return {"rules": results, "cost_ratio": ratio}
 
 
 if __name__ == "__main__":

@@ -1,16 +1,16 @@
 """Load benchmark of `mlops serve` (asyncio + httpx against a server subprocess started here, with an API key).
 
 1. Streaming chat at concurrency 1, 8, 32: completion tokens/s, p50/p95/p99 latency and time to first token.
-2. The same at concurrency 8 with 5% poison requests mixed in (64-bit overflow, lone surrogates, NaN, booleans
-   as integers, unsupported fields, degenerate temperatures): goal 0 innocent failures and no 500.
+2. The same levels with 5% poison requests mixed in (64-bit overflow, lone surrogates, NaN, booleans as
+   integers, unsupported fields, degenerate temperatures): goal 0 innocent failures and no 500.
 3. 64 streams of which a third disconnect after a few chunks, against the same surviving streams alone:
    goal: the survivors' throughput does not drop (ratio >= ~0.9) and the server's RSS comes back within 10%.
 
 Traffic goes only to a server this script starts on 127.0.0.1. The load average is printed before and after:
 on a shared 2-core machine only runs that start quiet are comparable.
 
-    python benchmarks/bench_serve.py                     # tiny model, short (~1-2 min)
-    python benchmarks/bench_serve.py --models tiny,smollm2 --requests 64 --max-tokens 32
+    python benchmarks/bench_serve.py                     # tiny model and SmolLM2 (`make bench`)
+    python benchmarks/bench_serve.py --models tiny --requests 64 --max-tokens 32
 """
 
 from __future__ import annotations
@@ -150,8 +150,9 @@ async def _bench(server, args) -> dict:
     async with httpx.AsyncClient(base_url=server.url, headers=server.headers, timeout=600, limits=limits) as client:
         await _stream(client, _body(0, args.max_tokens))  # warm up
         levels = [await _level(client, c, max(args.requests, c), args.max_tokens) for c in (1, 8, 32)]
-        # enough requests that every poison kind appears once at 5%
-        poisoned = await _level(client, 8, max(args.requests, 20 * len(POISON)), args.max_tokens, poison_share=0.05)
+        # the same levels with 5% poison: enough requests that every poison kind appears once
+        poisoned = [await _level(client, c, max(args.requests, 20 * len(POISON)), args.max_tokens,
+                                 poison_share=0.05) for c in (1, 8, 32)]
         leaving = await _disconnects(client, lambda: proc.memory_info().rss, 64, args.max_tokens * 4)
     return {"levels": levels, "poison": poisoned, "disconnects": leaving}
 
@@ -162,23 +163,30 @@ def _print(name: str, report: dict) -> None:
               f"{r['p50_ms']:6.0f}/{r['p95_ms']:6.0f}/{r['p99_ms']:6.0f} ms  TTFT p50/p95/p99 "
               f"{r['ttft_p50_ms']:6.0f}/{r['ttft_p95_ms']:6.0f}/{r['ttft_p99_ms']:6.0f} ms  "
               f"failures {r['innocent_failures']}")
-    p = report["poison"]
-    codes: dict = {}
-    for label, code in p["poison"]:
-        codes.setdefault(f"{label} -> {code}", 0)
-        codes[f"{label} -> {code}"] += 1
-    print(f"{name:8} poison 5% at c=8: {p['tokens_per_s']:.1f} tok/s, innocent failures {p['innocent_failures']} "
-          f"(goal 0), poison 500s {p['poison_500s']} (goal 0); {', '.join(sorted(codes))}")
+    for p in report["poison"]:
+        codes: dict = {}
+        for label, code in p["poison"]:
+            codes.setdefault(f"{label} -> {code}", 0)
+            codes[f"{label} -> {code}"] += 1
+        clean = p["innocent_failures"] == 0 and p["poison_500s"] == 0
+        print(f"{name:8} poison 5% at c={p['concurrency']:<2}: {p['tokens_per_s']:.1f} tok/s, innocent failures "
+              f"{p['innocent_failures']}, poison 500s {p['poison_500s']} (goal 0 and 0: {_verdict(clean)}); "
+              f"{', '.join(sorted(codes))}")
     d = report["disconnects"]
     print(f"{name:8} {d['streams']} streams, {d['leaving']} leave mid-stream: survivors {d['survivor_tokens_per_s']:.1f} "
-          f"tok/s vs {d['alone_tokens_per_s']:.1f} alone (ratio {d['ratio']:.2f}, goal >= 0.9), survivor failures "
-          f"{d['survivor_failures']}; RSS {d['rss_before_mb']:.0f} -> {d['rss_after_mb']:.0f} MB "
-          f"(ratio {d['rss_ratio']:.2f}, goal <= 1.10)")
+          f"tok/s vs {d['alone_tokens_per_s']:.1f} alone (ratio {d['ratio']:.2f}, goal >= 0.9: "
+          f"{_verdict(d['ratio'] >= 0.9)}), survivor failures {d['survivor_failures']}; RSS "
+          f"{d['rss_before_mb']:.0f} -> {d['rss_after_mb']:.0f} MB (ratio {d['rss_ratio']:.2f}, goal <= 1.10: "
+          f"{_verdict(d['rss_ratio'] <= 1.10)})")
+
+
+def _verdict(met: bool) -> str:
+    return "met" if met else "MISSED"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="tiny", help="comma-separated: tiny, smollm2 or HF folders")
+    parser.add_argument("--models", default="tiny,smollm2", help="comma-separated: tiny, smollm2 or HF folders")
     parser.add_argument("--requests", type=int, default=16, help="requests per concurrency level (at least c)")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--json", type=Path, help="also write the report here")
@@ -201,8 +209,9 @@ def main() -> None:
     print(f"load average after: {os.getloadavg()}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
-    bad = sum(r["poison"]["innocent_failures"] + r["poison"]["poison_500s"] + r["disconnects"]["survivor_failures"]
-              + sum(level["innocent_failures"] for level in r["levels"]) for r in report.values())
+    bad = sum(sum(p["innocent_failures"] + p["poison_500s"] for p in r["poison"])
+              + r["disconnects"]["survivor_failures"] + sum(level["innocent_failures"] for level in r["levels"])
+              for r in report.values())
     raise SystemExit(1 if bad else 0)
 
 

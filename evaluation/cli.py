@@ -78,8 +78,10 @@ def serve(
         typer.echo(f"following {follower.model}@{follower.alias} in the registry's ledger every {poll_interval:g} s",
                    err=True)
     if shadow_target:
-        typer.echo(f"shadowing {serve_cfg.shadow.share:.0%} of requests on version {shadow_target.version} "
-                   f"({shadow_target.model_dir}){' following ' + shadow if shadow_follower else ''}", err=True)
+        now = f"version {shadow_target.version} ({shadow_target.model_dir})" if shadow_target.version else \
+            "no version yet (none holds the alias)"
+        typer.echo(f"shadowing {serve_cfg.shadow.share:.0%} of requests on {now}"
+                   f"{' following ' + shadow if shadow_follower else ''}", err=True)
 
     def on_app(app) -> None:
         if follower:
@@ -95,7 +97,8 @@ def serve(
 
 
 def _shadow(ref: str, serve_cfg, follow: bool, interval: float):
-    """(ShadowTarget, a follower for its alias or None) for `--shadow`; `@candidate` is the newest candidate."""
+    """(ShadowTarget, a follower for its alias or None) for `--shadow`; `@candidate` is the newest candidate.
+    With --follow, an alias nobody holds yet gives an empty target: the shadow starts when a version takes it."""
     from evaluation.serving_shadow import ShadowTarget
     from mlops.errors import ConfigError, NotFoundError
     from mlops.model_refs import MODELS_RE, resolve_model_ref
@@ -112,6 +115,9 @@ def _shadow(ref: str, serve_cfg, follow: bool, interval: float):
     if match and match["alias"]:
         follower = Follower(match["name"], match["alias"], slot=None, interval=interval)
         version = follower.target()
+        if version is None and follow:
+            # A permanent production server shadows whichever candidate comes next; until one does, nothing.
+            return ShadowTarget(None, None, None), follower
         if version is None:
             raise NotFoundError(f"--shadow {ref}: no version of '{match['name']}' holds @{match['alias']} in the "
                                 "registry's ledger. Fix: register a candidate, or name a version (models:/name/3).")
@@ -163,8 +169,13 @@ def _key_store(serve_cfg, keys_file: Path | None, no_auth: bool, host: str):
 
         logging.getLogger("mlops.serve").warning("AUTH IS OFF (--no-auth): every route is open on %s", host)
         return None
-    store = KeyStore(keys_path(keys_file or serve_cfg.auth.keys_file))
-    if store.count() == 0:
+    extra = []
+    if serve_cfg.auth.identities:
+        from evaluation.serving_auth import IdentityVerifier
+
+        extra.append(IdentityVerifier())
+    store = KeyStore(keys_path(keys_file or serve_cfg.auth.keys_file), extra=extra)
+    if store.count() == 0 and not extra:
         raise ConfigError(
             f"no API keys in {store.path}, so no client could use this server. Fix: make one with "
             f"`mlops serve-keys add --name NAME{f' --keys-file {keys_file}' if keys_file else ''}` (the key is "

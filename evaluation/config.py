@@ -23,6 +23,11 @@ class GateConfig(StrictModel):
         default_factory=dict, description="absolute floors by task, dimension or suite name, used without a champion"
     )
     default_floor: float | None = Field(None, ge=0, le=1, description="floor for every task without its own")
+    must_beat: dict[str, float] = Field(
+        default_factory=dict,
+        description="scores to beat beyond the interval, with or without a champion (e.g. the untuned base "
+        "model's): a suite name means its n-weighted aggregate; a task or dimension name, that score",
+    )
     history: list[str] = Field(default_factory=list, description="past champion model refs also compared against")
     history_from_registry: int = Field(
         0, ge=0, description="also compare against this many earlier versions that passed the gate"

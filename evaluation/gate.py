@@ -5,6 +5,12 @@ Rules (settings in `eval.gate`), on the interval delta +/- z * sqrt(se_challenge
 - business dimensions must not regress beyond `business_margin`, and those in `must_improve` must improve
   (the whole interval above 0);
 - with no champion, absolute `floors` (by task, dimension or suite; `default_floor` otherwise) apply;
+  floors and `must_beat` scores are measured values themselves, so a score's interval there is never narrower
+  than a [0, 1] metric's at the reference value (0 of 12 items is not evidence of being below 1 of 12);
+- `must_beat` scores (e.g. the untuned base model's) apply always: the lower bound of the challenger's own
+  interval must lie above the score. A suite name there means the suite's n-weighted aggregate, so a first
+  release is held to beating the base model on the business suite as a whole, where a dimension's 36 items
+  could not resolve the difference;
 - every past champion in `history` is held to the same non-inferiority / no-regression rules, so a capability
   lost over several small releases is still caught.
 `noise_tolerant` mode fails a comparison only when the interval lies wholly below the allowed drop; `strict`
@@ -26,7 +32,7 @@ DIMENSION_SUITES = ("business",)
 class Check:
     name: str
     against: str
-    rule: str  # non_inferior | no_regression | must_improve | floor | coverage
+    rule: str  # non_inferior | no_regression | must_improve | floor | must_beat | coverage
     challenger: float | None
     reference: float | None
     delta: float | None
@@ -97,13 +103,51 @@ def _floor_for(score: Score, cfg) -> float | None:
     return cfg.default_floor
 
 
+def _stderr_near(score: Score, reference: float) -> float:
+    """The score's stderr, but never below a [0, 1] metric's stderr at the reference value: 0 of 12 has an
+    observed stderr of 0, yet a model as good as the reference scores 0 of 12 quite often."""
+    p = min(max(reference, 0.0), 1.0)
+    return max(score.stderr, math.sqrt(p * (1 - p) / max(score.n, 1)))
+
+
 def _floor(score: Score, floor: float, cfg) -> Check:
-    half = cfg.z * score.stderr
-    lo, hi = score.value - half, score.value + half
+    half = cfg.z * _stderr_near(score, floor)
+    lo, hi = max(0.0, score.value - half), min(1.0, score.value + half)  # a [0, 1] score's interval
     passed = (hi >= floor) if cfg.mode == "noise_tolerant" else (lo >= floor)
     why = f"{score.name} scores {score.value:.3f} [{lo:.3f}, {hi:.3f}], below its floor {floor:.3f}"
     return Check(score.name, "floor", "floor", score.value, floor, score.value - floor, lo, hi, passed,
                  "" if passed else why)
+
+
+def suite_score(tasks: list[Score], suite: str) -> Score | None:
+    """The n-weighted aggregate of one suite's tasks, with the stderr of that weighted mean."""
+    members = [t for t in tasks if t.suite == suite]
+    total = sum(t.n for t in members)
+    if not total:
+        return None
+    value = sum(t.value * t.n for t in members) / total
+    stderr = math.sqrt(sum((t.n / total) ** 2 * t.stderr**2 for t in members))
+    return Score(suite, suite, suite, "+".join(sorted({t.metric for t in members})), value, stderr, total, "suite")
+
+
+def _must_beat(challenger: dict, cfg) -> list[Check]:
+    units = scores_of(challenger)
+    tasks = [Score.from_dict(row) for row in challenger.get("tasks", [])]
+    checks = []
+    for name, target in sorted(cfg.must_beat.items()):
+        score = units.get(name) or next((t for t in tasks if t.name == name), None) or suite_score(tasks, name)
+        if score is None:
+            checks.append(Check(name, "must_beat", "coverage", None, target, None, None, None, False,
+                                f"must_beat names '{name}', which the challenger's eval does not contain"))
+            continue
+        half = cfg.z * _stderr_near(score, target)
+        lo, hi = max(0.0, score.value - half), min(1.0, score.value + half)
+        passed = lo > target
+        why = (f"{name} scores {score.value:.3f} [{lo:.3f}, {hi:.3f}] (n = {score.n}), which does not beat "
+               f"{target:.3f} beyond its interval")
+        checks.append(Check(name, "must_beat", "must_beat", score.value, target, score.value - target, lo, hi,
+                            passed, "" if passed else why))
+    return checks
 
 
 def _versions_match(a: dict, b: dict, label: str) -> list[Check]:
@@ -142,8 +186,9 @@ def compare(challenger: dict, champion: dict | None, cfg, *, challenger_label: s
             floor = _floor_for(score, cfg)
             if floor is not None:
                 checks.append(_floor(score, floor, cfg))
-        if not any(c.rule == "floor" for c in checks):
+        if not cfg.must_beat and not any(c.rule == "floor" for c in checks):
             notes.append("no floors configured: nothing to hold a first release to (set eval.gate.floors)")
+    checks += _must_beat(challenger, cfg)
     for dim in cfg.must_improve:
         if dim not in mine:
             checks.append(Check(dim, "config", "coverage", None, None, None, None, None, False,

@@ -8,6 +8,8 @@ from pathlib import Path
 from evaluation.gate import GateReport
 from mlops.files import atomic_write_text
 
+ABSOLUTE = ("floor", "must_beat")  # rules whose interval is the challenger's own score, not a delta
+
 
 def _num(value: float | None, signed: bool = False) -> str:
     if value is None:
@@ -32,7 +34,7 @@ def to_markdown(report: GateReport) -> str:
         "| --- | --- | --- | ---: | ---: | ---: | --- | --- |",
     ]
     for c in report.checks:
-        interval = f"[{_num(c.lo, c.rule != 'floor')}, {_num(c.hi, c.rule != 'floor')}]" if c.lo is not None else "-"
+        interval = f"[{_num(c.lo, c.rule not in ABSOLUTE)}, {_num(c.hi, c.rule not in ABSOLUTE)}]" if c.lo is not None else "-"
         lines.append(
             f"| {c.name} | {c.against} | {c.rule} | {_num(c.challenger)} | {_num(c.reference)} | "
             f"{_num(c.delta, True)} | {interval} | {'pass' if c.passed else '**FAIL**'} |"

@@ -21,7 +21,7 @@ class Score:
     value: float
     stderr: float
     n: int
-    kind: str = "task"  # "task" or "area" (an n-weighted aggregate of a suite area's tasks)
+    kind: str = "task"  # "task", "area" (n-weighted over a suite area's tasks) or "suite" (over all of them)
 
     @classmethod
     def from_dict(cls, data: dict) -> Score:

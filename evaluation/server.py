@@ -310,9 +310,10 @@ def _shadow_runner(target, config: ServeConfig, name: str):
     from evaluation.serving_shadow import ShadowRunner
 
     slot = ModelSlot(f"{name}#shadow")
-    slot.swap(Engine(target.model_dir, **engine_options(config)), target.profile, target.version,
-              model_dir=target.model_dir)
-    log.info("shadow: version %s answers %.0f%% of requests in the background", target.version,
+    if target.model_dir is not None:  # else empty until its follower swaps a candidate in
+        slot.swap(Engine(target.model_dir, **engine_options(config)), target.profile, target.version,
+                  model_dir=target.model_dir)
+    log.info("shadow: version %s answers %.0f%% of requests in the background", target.version or "(none yet)",
              config.shadow.share * 100)
     return ShadowRunner(slot, share=config.shadow.share, queue_size=config.shadow.queue,
                         timeout=config.shadow.timeout_seconds, idle_ms=config.shadow.idle_ms)

@@ -92,6 +92,40 @@ def revoke_key(path: Path, key_id: str) -> dict:
     raise NotFoundError(f"no API key with id '{key_id}' in {path}; {did_you_mean(key_id, [k['id'] for k in keys])}.")
 
 
+class IdentityVerifier:
+    """`Bearer <user>:<password>` checked against the registry's identities file (argon2).
+
+    argon2 costs tens of milliseconds by design, so a verdict is remembered for `ttl` seconds under the token's
+    SHA-256 (failures too: a client retrying a wrong password cannot make the server hash on every request).
+    A changed identities file takes effect when the remembered verdicts expire."""
+
+    def __init__(self, path: Path | None = None, *, ttl: float = 60.0) -> None:
+        self.path, self.ttl = path, ttl
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[float, Identity | None]] = {}
+
+    def __call__(self, token: str) -> Identity | None:
+        name, sep, password = token.partition(":")
+        if not sep or not name or not password:
+            return None
+        key, now = digest(token), time.monotonic()
+        with self._lock:
+            remembered = self._seen.get(key)
+        if remembered is not None and now - remembered[0] < self.ttl:
+            return remembered[1]
+        from mlops.identities import AuthError, authenticate
+
+        try:
+            identity: Identity | None = Identity(f"user:{name}", authenticate(name, password, self.path).name)
+        except AuthError:
+            identity = None
+        with self._lock:
+            if len(self._seen) > 10_000:  # bounded: forget everything rather than grow without end
+                self._seen.clear()
+            self._seen[key] = (now, identity)
+        return identity
+
+
 class KeyStore:
     """Verifies bearer tokens against the keys file (re-read when it changes) and any extra verifiers."""
 

@@ -15,6 +15,10 @@ class AuthConfig(StrictModel):
         DEFAULT_KEYS_FILE, description="hashed API keys (`mlops serve keys add`); relative to the project home"
     )
     open_metrics: bool = Field(False, description="serve /metrics without a key (a scraper on a private network)")
+    identities: bool = Field(
+        False, description="also accept `Bearer <user>:<password>` of a registry identity (MLOPS_IDENTITIES, "
+        "configs/registry/identities.yaml): people sign in with the password they use for the registry"
+    )
 
 
 class RequestLogConfig(StrictModel):

@@ -31,9 +31,9 @@ log = logging.getLogger("mlops.serve")
 class ShadowTarget:
     """What `mlops serve --shadow` loads: the candidate's folder, profile and version."""
 
-    model_dir: Path
+    model_dir: Path | None  # None: no candidate yet (`--follow` swaps one in when it is registered)
     profile: object  # profile.DeploymentProfile
-    version: str
+    version: str | None
 
 
 @dataclass
@@ -76,8 +76,8 @@ class ShadowRunner:
 
     def offer(self, request_id: str, route: str, body: bytes) -> bool:
         """Maybe shadow this answered request; never blocks. True when it was queued."""
-        if self._stop.is_set() or not sampled(request_id, self.share, "shadow"):
-            return False
+        if self._stop.is_set() or self.slot.current is None or not sampled(request_id, self.share, "shadow"):
+            return False  # stopping, no candidate loaded yet, or not in the sampled share
         try:
             self._queue.put_nowait(_Offer(request_id, route, body, time.monotonic()))
         except queue.Full:

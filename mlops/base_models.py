@@ -165,7 +165,13 @@ def import_base_model(name: str, root: Path | None = None) -> dict:
 
 
 def resolve_base_model(name_or_path: str, root: Path | None = None) -> dict:
-    """A catalog entry by name, or an ad-hoc entry for a local HF folder."""
+    """A catalog entry by name, an ad-hoc entry for a local HF folder, or a registered model to continue from
+    (`models:/<name>/<version>`, `runs:/<id>/model`: incremental training starts from the released weights)."""
+    if name_or_path.startswith(("models:/", "runs:/")):
+        from mlops.model_refs import materialize
+
+        model = materialize(name_or_path)
+        return {"name": name_or_path, "id": model.key, "path": str(model.hf_dir)}
     folder = Path(name_or_path)
     if folder.is_dir() and (folder / "config.json").exists():
         return {"name": folder.name, "id": "bm-" + folder_hash(folder)[:16], "path": str(folder.resolve())}

@@ -98,9 +98,10 @@ def tracking_latest_run(
     having: list[str] | None = typer.Option(None, "--having", help="a tag the run must carry, any value"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """The newest FINISHED run carrying the tags: how scripts hand off between stages (by tags, not output)."""
+    """The newest FINISHED run carrying the tags (with --json, also all its tags): how scripts hand off between
+    stages (by tags, not output)."""
     from mlops.errors import MLOpsError, NotFoundError
-    from mlops.run_store import latest_run
+    from mlops.run_store import get_run, latest_run
 
     tags = {}
     for item in tag:
@@ -112,7 +113,10 @@ def tracking_latest_run(
     if run_id is None:
         raise NotFoundError(f"no finished run carries {tags} (and {having or 'nothing else'}). Fix: run that stage "
                             "first.")
-    typer.echo(json.dumps({"run_id": run_id}) if as_json else run_id)
+    if as_json:  # with the run's tags: the next stage reads what it needs (a snapshot id, a content id) from them
+        typer.echo(json.dumps({"run_id": run_id, "tags": dict(get_run(run_id).data.tags)}))
+    else:
+        typer.echo(run_id)
 
 
 @app.command()

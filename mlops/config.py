@@ -60,7 +60,8 @@ def _build_root() -> type[StrictModel]:
         "Config",
         __base__=StrictModel,
         run=(RunConfig, Field(default_factory=RunConfig)),
-        base_model=(str, Field("tiny", description="base model catalog name (see `mlops base-model list`)")),
+        base_model=(str, Field("tiny", description="base model: a catalog name (`mlops base-model list`), an HF folder, "
+                                           "or a registered model to continue from (models:/name/version)")),
         **sections,
     )
 

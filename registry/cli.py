@@ -241,6 +241,16 @@ def who_approved(model: str, version: str, as_json: bool = JsonOpt) -> None:
                                   f"{r['comment']}" for r in rows) or f"nobody approved v{version} of {model}")
 
 
+@app.command("report")
+def report(model: str, as_json: bool = JsonOpt) -> None:
+    """The release story from stored state: each version's lineage, scores and gate outcome, the ledger, and
+    when the version serving users changed (request log)."""
+    from registry.report import release_report, render
+
+    data = release_report(model)
+    _out(data, as_json, render(data))
+
+
 @app.command("verify")
 def verify(model: str | None = typer.Argument(None), as_json: bool = JsonOpt) -> None:
     """Check the ledger's hash chain and that MLflow's aliases and tags agree with it; exit 1 on any problem."""
@@ -277,10 +287,16 @@ spot_app = typer.Typer(cls=_CreateByDefault, no_args_is_help=True,
 app.add_typer(spot_app, name="spot-check")
 
 
+def _compared_with(s: dict) -> str:
+    if s["champion_version"]:
+        return "v" + s["champion_version"]
+    return f"the base model {s['baseline']} (no champion yet)" if s.get("baseline") else "no champion"
+
+
 def _spot_text(s: dict) -> str:
     t = s["tallies"]
     head = (f"spot-check {s['check_id']}: {s['model']} v{s['version']} against "
-            f"{'v' + s['champion_version'] if s['champion_version'] else 'no champion'}, {s['items']} items "
+            f"{_compared_with(s)}, {s['items']} items "
             f"({', '.join(f'{k} {n}' for k, n in sorted(s['strata'].items()))})")
     if not s["reviewed"]:
         return head + "\n  not reviewed yet"

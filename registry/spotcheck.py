@@ -3,8 +3,9 @@
 `create` draws a stratified sample of business prompts (suite items and served requests), has both models answer
 in deployment form, and stores the items with a random A/B order each; which letter is the challenger stays in
 the database. A reviewer (role with `spot_check`, never the version's trainer or registrar) says per item which
-answer is better (`A`, `B` or `same`; `acceptable`/`unacceptable` when there is no champion yet), which answers
-state a wrong fact, and may add a note. Verdicts are un-blinded on the way in: better / same / worse /
+answer is better (`A`, `B` or `same`), which answers state a wrong fact, and may add a note. A first release
+has no champion: the untuned base model it was trained from answers the other side (when this machine holds it;
+else each item has one answer, `acceptable`/`unacceptable`), so the check asks whether it improves on that. Verdicts are un-blinded on the way in: better / same / worse /
 wrong_fact, always relative to the champion. Creating a check and completing (or amending) its review are ledger
 entries; the review entry carries a digest of the verdicts it covered, so a verdict edited behind the registry's
 back is seen.
@@ -23,6 +24,7 @@ import random
 import secrets
 import uuid
 from functools import partial
+from pathlib import Path
 
 from mlops.identities import Identity, require
 from registry import spotcheck_store as store
@@ -64,7 +66,9 @@ def create(actor: Identity, model: str, version: str, *, n: int | None = None, s
     answer = answer or partial(served_answers, max_tokens=policy.max_tokens)
     asked = [p.messages for p in prompts]
     mine = answer(f"models:/{model}/{version}", asked)
-    theirs = answer(f"models:/{model}/{champion}", asked) if champion else [None] * len(prompts)
+    baseline = None if champion else base_model_of(vs)
+    other_ref = f"models:/{model}/{champion}" if champion else baseline["path"] if baseline else None
+    theirs = answer(other_ref, asked) if other_ref else [None] * len(prompts)
     check_id = "sc-" + uuid.uuid4().hex[:12]
     blind = random.Random(seed ^ 0xB11D)  # the A/B order: reproducible from the seed, which reviewers never see
     items = []
@@ -83,7 +87,7 @@ def create(actor: Identity, model: str, version: str, *, n: int | None = None, s
              "challenger_profile_hash": vs.evidence.get("profile_hash"), "champion_version": champion,
              "champion_content_id": champ_state.content_id if champ_state else None,
              "champion_profile_hash": champ_state.evidence.get("profile_hash") if champ_state else None,
-             "created_by": actor.name, "created_ts": _now(), "seed": seed, "items": len(items), "strata": strata}
+             "baseline": f"{baseline['name']} ({baseline['id']})" if baseline else None, "created_by": actor.name, "created_ts": _now(), "seed": seed, "items": len(items), "strata": strata}
     store.insert_check(check, items, url)
 
     def plan_for(now) -> Plan:
@@ -93,6 +97,7 @@ def create(actor: Identity, model: str, version: str, *, n: int | None = None, s
                                         f"{now.aliases.get('production') or 'nothing'} while the answers were made. "
                                         "Nothing was ledgered. Fix: run the spot-check again.")
         evidence = {"check_id": check_id, "items": len(items), "strata": strata, "champion": champion,
+                    "baseline": check["baseline"],
                     "champion_content_id": check["champion_content_id"], "content_id": vs.content_id,
                     "sample_digest": sample_digest(prompts), "served_items": strata.get("served", 0)}
         return Plan(entries=[dict(actor=actor.name, action="spot_check", model=model, version=version,
@@ -181,8 +186,8 @@ def import_rows(reviewer: Identity, rows: list[tuple[int, dict]], *, url: str | 
 def summary(check_id: str, *, url: str | None = None) -> dict:
     check = _ledgered(check_id, url)
     current = store.current_verdicts(check_id, url)
-    return {**{k: check[k] for k in ("check_id", "model", "version", "champion_version", "created_by",
-                                     "created_ts", "items", "strata")},
+    return {**{k: check.get(k) for k in ("check_id", "model", "version", "champion_version", "baseline",
+                                         "created_by", "created_ts", "items", "strata")},
             "reviewed": len(current), "complete": len(current) == check["items"], "tallies": tally(current)}
 
 
@@ -325,6 +330,20 @@ def _ledgered(check_id: str, url: str | None) -> dict:
         raise RefusedError(f"spot-check '{check_id}' does not exist (or was never ledgered). Fix: list them with "
                            "`mlops registry spot-check list <model>`.")
     return check
+
+
+def base_model_of(version_state) -> dict | None:
+    """The untuned base model a version was trained from (catalog entry), when this machine holds it: a first
+    release is compared with what it improves on. None when it is not here (the check is then single-answer)."""
+    from mlops.base_models import catalog
+    from mlops.lineage import Tag
+
+    lineage = version_state.evidence.get("lineage") or {}
+    wanted = lineage.get(str(Tag.BASE_MODEL_ID))
+    for entry in catalog().values():
+        if wanted and entry.get("id") == wanted and Path(entry.get("path", "")).is_dir():
+            return entry
+    return None
 
 
 def _version(state, version: str):

@@ -28,6 +28,8 @@ def _tables():
         sa.Column("champion_version", sa.String(40)),
         sa.Column("champion_content_id", sa.String(80)),
         sa.Column("champion_profile_hash", sa.String(40)),
+        # Without a champion: the untuned base model the version was trained from answers the other side.
+        sa.Column("baseline", sa.String(300)),
         sa.Column("created_by", sa.String(80), nullable=False),
         sa.Column("created_ts", sa.String(40), nullable=False),
         sa.Column("seed", sa.BigInteger, nullable=False),
@@ -74,8 +76,21 @@ def engine(url: str | None = None):
     key = str(eng.url)
     if key not in _READY:
         META.create_all(eng, checkfirst=True)
+        _add_missing_columns(eng)
         _READY.add(key)
     return eng
+
+
+def _add_missing_columns(eng) -> None:
+    """Columns added since a database's tables were made (create_all adds tables, never columns)."""
+    import sqlalchemy as sa
+
+    have = {c["name"] for c in sa.inspect(eng).get_columns(CHECKS.name)}
+    with eng.begin() as conn:
+        for column in CHECKS.columns:
+            if column.name not in have and column.nullable:
+                conn.execute(sa.text(f"ALTER TABLE {CHECKS.name} ADD COLUMN {column.name} "
+                                     f"{column.type.compile(eng.dialect)}"))
 
 
 def insert_check(check: dict, items: list[dict], url: str | None = None) -> None:

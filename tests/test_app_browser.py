@@ -32,14 +32,28 @@ def artifacts_dir() -> Path:
     return folder
 
 
-@pytest.fixture
-def app_server(app_store, tmp_path):
-    """`python -m app` on the seeded store; yields its URL; stopped (with its Streamlit child) afterwards."""
+def require_chromium() -> None:
+    """Skip without Debian's Chromium, except under CI=true, where that is a failure."""
     if not Path(CHROMIUM).exists():
         message = f"{CHROMIUM} is missing: `apt-get install -y chromium` (.ci/run does)"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(message)
         pytest.skip(message)
+
+
+def stop(proc: subprocess.Popen, timeout: float = 30) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout` seconds."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture
+def app_server(app_store, tmp_path):
+    """`python -m app` on the seeded store; yields its URL; stopped (with its Streamlit child) afterwards."""
+    require_chromium()
     with __import__("socket").socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -62,11 +76,7 @@ def app_server(app_store, tmp_path):
             time.sleep(0.5)
         yield url
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
         log.close()
     printed = (tmp_path / "app.log").read_text()
     assert f"Release-approval app: {url}" in printed  # `mlops app` says where it is

@@ -125,3 +125,37 @@ def test_report_is_written_as_json_and_markdown(tmp_path):
     assert markdown.startswith("# Gate report: FAILED")
     assert "| general_knowledge | models:/bot@production | non_inferior | 0.350 | 0.600 | -0.250 |" in markdown
     assert "**FAIL**" in markdown and to_markdown(report) == markdown
+
+
+def test_first_release_must_beat_the_base_model_on_the_business_suite_as_a_whole():
+    # Each dimension alone is within noise of the base score, the suite's 400 items together are not.
+    base = {"business": 0.20}
+    better = make_summary({"general_knowledge": 0.6}, {d: 0.27 for d in ("refunds", "billing", "tone", "safety")})
+    report = compare(better, None, GateConfig(must_beat=base))
+    check = next(c for c in report.checks if c.rule == "must_beat")
+    assert report.passed and check.name == "business" and check.lo > 0.20
+    assert check.challenger == pytest.approx(0.27)
+
+    level = make_summary({"general_knowledge": 0.6}, {d: 0.21 for d in ("refunds", "billing", "tone", "safety")})
+    refused = compare(level, None, GateConfig(must_beat=base))
+    assert not refused.passed
+    assert "business scores 0.210" in refused.reasons[0] and "does not beat 0.200" in refused.reasons[0]
+
+
+def test_must_beat_applies_with_a_champion_and_names_what_it_cannot_find():
+    challenger = make_summary({"general_knowledge": 0.60, "general_reading": 0.70},
+                              {"refunds_returns": 0.70, "billing": 0.60})
+    report = compare(challenger, CHAMPION, GateConfig(must_beat={"billing": 0.65, "biz_nothing": 0.1}))
+    failed = {c.name: c.rule for c in report.checks if not c.passed}
+    assert failed == {"billing": "must_beat", "biz_nothing": "coverage"}
+    assert "| must_beat |" in to_markdown(report)
+
+
+def test_a_floor_is_not_failed_by_zero_of_a_few_items_whose_observed_stderr_is_zero():
+    # 0 of 12 against a floor of 1 of 12: within noise. 0 of 400 against the same floor: below it.
+    few = summary([Score("general_arithmetic", "general", "general_arithmetic", "exact_match", 0.0, 0.0, 12)], [])
+    many = summary([Score("general_arithmetic", "general", "general_arithmetic", "exact_match", 0.0, 0.0, 400)], [])
+    cfg = GateConfig(floors={"general_arithmetic": 0.083})
+    assert compare(few, None, cfg).passed
+    refused = compare(many, None, cfg)
+    assert not refused.passed and "below its floor 0.083" in refused.reasons[0]

@@ -102,3 +102,16 @@ def test_a_model_with_no_eval_at_all_is_refused(store):
 
     with pytest.raises(EvidenceError, match="no eval run of this content at all"):
         find_evidence(model(), rule())
+
+
+def test_an_eval_of_the_run_ref_is_evidence_for_the_version_of_the_same_weights(store):
+    """Evaluating `runs:/<id>/model` and then gating `models:/bot/1` (the same weights, registered) finds that eval:
+    evidence is keyed on the content id, not on how the model was referenced."""
+    from evaluation.gate_run import find_evidence
+    from mlops.model_refs import ModelDescription
+
+    as_run = ModelDescription("runs:/run0/model", "run", None, None, "run0",
+                              {Tag.MODEL_ID: KEY, Tag.PROFILE_HASH: PROFILE}, {})
+    evaluated = eval_run(key=as_run.content_id, score=0.4)  # what `mlops eval --model runs:/run0/model` keys on
+    evidence = find_evidence(model(), rule())
+    assert evidence.eval_run_id == evaluated and evidence.key == KEY

@@ -150,3 +150,19 @@ def test_harvest_to_snapshot_mixes_history_dedups_and_names_its_requests_and_fee
     new_train = manifest["counts"]["samples"]["train"] - history["samples"]
     assert history["snapshot"] == old.snapshot_id and history["target_ratio"] == 0.3
     assert history["samples"] == round(new_train * 0.3 / 0.7) > 0
+
+
+def test_an_increment_keeps_the_natural_domain_mix_of_what_users_corrected(tmp_path):
+    """The corpus config's domain targets (general 20%, domain 45%, ...) cannot hold for a handful of
+    corrections: the increment's config mixes them as they come, history and all else kept."""
+    from mlops.config import load_config
+    from mlops.data.harvest import ACCEPTED, increment_config
+    from tests.conftest import REPO
+
+    (tmp_path / ACCEPTED).write_text("{}\n")
+    cfg = load_config(REPO / "configs" / "data" / "sample.yaml", [])
+    assert cfg.data.mix.ratios  # the corpus's own targets
+    inc = increment_config(cfg, tmp_path, history="snap-0123456789abcdef", ratio=0.3)
+    assert inc.data.mix.ratios == {} and inc.data.mix.history.snapshot == "snap-0123456789abcdef"
+    assert [s.path for s in inc.data.sources] == [str((tmp_path / ACCEPTED).resolve())]
+    assert inc.data.dedup == cfg.data.dedup and inc.data.decontam == cfg.data.decontam

@@ -156,3 +156,16 @@ def test_latest_run_finds_the_newest_finished_run_with_the_tags(store):
     store.set_terminated(ids[1])  # ids[2] is still RUNNING
     assert latest_run({Tag.STAGE: "data", Tag.SNAPSHOT_ID: "s1"}) == ids[1]
     assert latest_run({Tag.STAGE: "data", Tag.SNAPSHOT_ID: "s2"}) is None
+
+
+def test_a_registered_model_can_be_the_base_of_the_next_round(store, tiny_model):
+    """`base_model=runs:/<id>/model` (or models:/name/version) continues from released weights: the entry names
+    the ref, its content id and the local HF folder."""
+    from mlops.base_models import ensure_base_model
+    from mlops.model_refs import model_content_id
+
+    run_id = log_model_run(store, Path(tiny_model["path"]))
+    entry = ensure_base_model(f"runs:/{run_id}/model")
+    assert entry["name"] == f"runs:/{run_id}/model"
+    assert entry["id"] == model_content_id(Path(tiny_model["path"]))
+    assert (Path(entry["path"]) / "config.json").is_file()

@@ -131,3 +131,29 @@ def test_metrics_can_be_opened_for_a_scraper_while_the_api_stays_keyed(tiny_mode
                      config=ServeConfig(auth=AuthConfig(open_metrics=True)), keys=KeyStore(tmp_path / "k.json"))
     client = TestClient(app)
     assert client.get("/metrics").status_code == 200 and client.get("/v1/models").status_code == 401
+
+
+def test_a_registry_identity_signs_in_with_its_password_when_the_server_accepts_identities(tiny_model, engine,
+                                                                                             tmp_path, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    from evaluation.server import create_app
+    from evaluation.serving_auth import IdentityVerifier, KeyStore
+    from registry.testing import PASSWORDS, make_identities
+
+    people = tmp_path / "identities.yaml"
+    monkeypatch.setenv("MLOPS_IDENTITIES", str(people))
+    make_identities(people)
+    verifier = IdentityVerifier()
+    store = KeyStore(tmp_path / "keys.json", extra=[verifier])  # no API keys at all: identities only
+    app = create_app(tiny_model["path"], load_profile(tiny_model["path"]), model_name="tiny", engine=engine,
+                     version="5", keys=store)
+    client = TestClient(app)
+    body = {"prompt": "hi", "max_tokens": 1}
+    user = next(iter(PASSWORDS))
+    right = client.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {user}:{PASSWORDS[user]}"})
+    assert right.status_code == 200
+    for token in (f"{user}:wrong-password", f"nobody:{PASSWORDS[user]}", user):
+        refused = client.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {token}"})
+        assert refused.status_code == 401, token
+    assert len(verifier._seen) == 3  # verdicts remembered: a retried wrong password costs no second argon2 hash

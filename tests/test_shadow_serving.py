@@ -178,3 +178,36 @@ def test_serve_refuses_a_shadow_without_a_share_or_without_a_request_log(mlops_h
     assert no_share.returncode != 0 and "--shadow-share 0.2" in no_share.stderr, no_share.stderr[-2000:]
     assert no_log.returncode != 0 and "serve.request_log.enabled" in no_log.stderr, no_log.stderr[-2000:]
     assert "Traceback" not in no_share.stderr + no_log.stderr
+
+
+def test_a_shadow_with_no_candidate_yet_shadows_nothing_until_one_is_swapped_in(mlops_home, tiny_model, profile):
+    import httpx
+
+    from evaluation.serving_shadow import ShadowRunner
+    from evaluation.slot import ModelSlot
+    from evaluation.testing import serve_in_thread
+    from mlops.requestlog import read_requests
+
+    runner = ShadowRunner(ModelSlot("bot#shadow"), share=1.0)  # `serve --follow --shadow @candidate`, none yet
+    app, writer = _app(tiny_model, profile, shadow=runner)
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=60) as client:
+        before = client.post("/v1/chat/completions", json=CHAT, headers={"X-Request-ID": "early"})
+        runner.slot.load_and_swap(tiny_model["path"], profile, "2")  # what the follower does on registration
+        after = client.post("/v1/chat/completions", json=CHAT, headers={"X-Request-ID": "late"})
+        assert runner.wait_idle(60) and writer.flush(30)
+    assert before.status_code == after.status_code == 200
+    shadows = {r["parent_id"]: r["version"] for r in read_requests(model="bot", role="shadow")}
+    assert shadows == {"late": "2"}
+
+
+def test_serve_follow_starts_with_an_empty_shadow_when_no_candidate_holds_the_alias(mlops_home, monkeypatch):
+    from evaluation import cli
+    from evaluation.serving_config import ServeConfig
+    from registry import follow
+
+    monkeypatch.setattr(follow.Follower, "target", lambda self, state=None: None)
+    cfg = ServeConfig().model_copy(update={"shadow": ServeConfig().shadow.model_copy(update={"share": 0.5})})
+    target, follower = cli._shadow("models:/bot@candidate", cfg, True, 1.0)
+    assert (target.model_dir, target.version, follower.alias) == (None, None, "candidate")
+    with pytest.raises(Exception, match="no version of 'bot' holds @candidate"):
+        cli._shadow("models:/bot@candidate", cfg, False, 1.0)

@@ -235,3 +235,41 @@ def test_jsonl_round_trip_through_the_cli_records_the_reviewers_verdicts(reg, mo
     out = runner.invoke(app, ["spot-check", "import", str(edited)])
     assert isinstance(out.exception, RefusedError) and "line 1: item 1: preferred='maybe'" in str(out.exception)
     assert actions().count("spot_check_review") == 1
+
+
+def test_a_first_release_is_spot_checked_blind_against_the_base_model_it_was_trained_from(mlops_home, tiny_model,
+                                                                                          tmp_path, monkeypatch):
+    import json as _json
+
+    from mlops.paths import models_dir
+    from mlops.tracking import init_experiment
+    from registry.audit import model_state
+    from registry.config import release_policy
+    from registry.release import register
+    from registry.spotcheck import blind_items, create, judge, record_many, summary
+    from registry.testing import make_identities, training_run
+
+    init_experiment("registry-test")
+    who = make_identities()
+    version = register(who["tina"], training_run(Path(tiny_model["path"]), tmp=tmp_path, variant=1), "solo")
+    models_dir().mkdir(parents=True, exist_ok=True)  # this machine holds the base model the run names (bm-test)
+    (models_dir() / "catalog.json").write_text(_json.dumps({"models": {"tiny": {
+        "name": "tiny", "id": "bm-test", "path": str(tiny_model["path"])}}}))
+    monkeypatch.setenv("MLOPS_RELEASE_POLICY", str(policy_file(tmp_path)))
+    asked = []
+
+    def answers(ref, conversations, **_options):
+        asked.append(ref)
+        who = "challenger" if ref.startswith("models:/") else "champion"  # the base model answers as the champion
+        return [{"text": f"{who} answer {i}", "latency_ms": 1.0, "tokens": 3, "error": None}
+                for i, _ in enumerate(conversations)]
+
+    check_id = create(who["alice"], "solo", version, n=4, seed=3, answer=answers)["check_id"]
+    assert asked == ["models:/solo/1", str(tiny_model["path"])]  # the version, then the base model
+    items = blind_items(check_id)
+    assert all(i["answer_b"] is not None and i["choices"] == ["A", "B", "same"] for i in items)
+    assert summary(check_id)["baseline"] == "tiny (bm-test)"
+    record_many(who["alice"], check_id, [{"item": i["item"], "preferred": letter_of(i, "champion")
+                                          if i["item"] == 1 else "same"} for i in items])
+    passed, detail, evidence = judge(model_state("solo"), version, release_policy().spot_check)
+    assert not passed and "75% of 4 items" in detail  # one item worse than the base: below the 80% policy

@@ -100,8 +100,11 @@ def run_drill(config: Path | None, overrides: list[str], *, nproc: int = 1, seed
     if steps < CHECKPOINT_EVERY + 2:
         raise MLOpsError(f"--steps {steps} leaves no room to kill after the first checkpoint (step "
                          f"{CHECKPOINT_EVERY}). Fix: pass --steps {CHECKPOINT_EVERY + 2} or more.")
+    if seed is None:  # random, but said: a failing drill can be replayed with --seed
+        seed = random.SystemRandom().randrange(1_000_000)
     rng = random.Random(seed)
     kill_step = rng.randint(CHECKPOINT_EVERY + 1, steps - 1)
+    print(f"drill: seed {seed}, kill step {kill_step} (replay with --seed {seed})", flush=True)
     work = work or mlops_dir() / "drills" / time.strftime("%Y%m%d-%H%M%S")
     overrides = _ensure_snapshot(config, list(overrides))
     common = [*overrides, f"train.max_steps={steps}", f"train.checkpoint_every={CHECKPOINT_EVERY}",

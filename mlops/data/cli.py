@@ -30,7 +30,7 @@ def run_build(cfg, *, force: bool = False):
         lineage = collect_lineage(config_hash(cfg), cfg.run.seed, base_model=cfg.base_model,
                                   extra={Tag.STAGE: "data"})
         enforce_release(lineage, cfg.run.release)
-        with tracked_run(cfg.run.experiment, run_name=cfg.run.run_name or "data-build",
+        with tracked_run(cfg.run.experiment, run_name=cfg.run.run_name or f"data-{cfg.data.name}",
                          tags=lineage.as_tags()) as tracker:
             result = build_snapshot(cfg, tracker, force=force)
             return result, tracker.run_id

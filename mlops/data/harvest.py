@@ -192,7 +192,8 @@ def _write_rows(path: Path, rows: list[dict]) -> None:
 
 def increment_config(cfg: Any, out: Path | str, *, history: str | None = None, ratio: float | None = None,
                      domain: str | None = None) -> Any:
-    """`cfg` with the accepted source as its only source and (when given) the history mix; validated."""
+    """`cfg` with the accepted source as its only source, the natural domain mix, and (when given) the history
+    mix; validated."""
     from mlops.config import require_section, validate_config
 
     data = require_section(cfg, "data").model_dump(mode="json")
@@ -201,6 +202,9 @@ def increment_config(cfg: Any, out: Path | str, *, history: str | None = None, r
         raise HarvestError(f"'{out}' holds no {ACCEPTED}. Fix: review the increment, then `mlops data harvest "
                            f"accept {out}`.")
     data["sources"] = [{"path": str(source.resolve()), **({"domain": domain} if domain else {})}]
+    # What users corrected comes in whatever domains it comes in: the corpus's domain targets cannot hold for a
+    # handful of corrections (the history mix brings the corpus's own mix back).
+    data["mix"]["ratios"] = {}
     if history or ratio is not None:
         current = data["mix"].get("history") or {}
         snapshot = history or current.get("snapshot")

@@ -24,8 +24,9 @@ if checks:
 
     def label(cid: str) -> str:
         c = by_id[cid]
-        return (f"{cid} · v{c['version']} vs {'v' + c['champion_version'] if c['champion_version'] else 'no champion'}"
-                f" · {c['reviewed']}/{c['items']} reviewed")
+        against = ("v" + c["champion_version"] if c["champion_version"]
+                   else "base " + c["baseline"] if c.get("baseline") else "no champion")
+        return f"{cid} · v{c['version']} vs {against} · {c['reviewed']}/{c['items']} reviewed"
 
     check = by_id[ui.pick("Check", open_first, key="spot_check_id", param="check", fmt=label)]
     tallies = check["tallies"]

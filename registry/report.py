@@ -1,0 +1,142 @@
+"""The release report: one model's story read back from stored state, never from what a script printed.
+
+Per version: lineage (training run, snapshot, data run, content id), the eval scores its gate stood on
+(business suite as a whole and general tasks, each with its one-sided interval), the stored gate report's
+outcome with its main deltas, and which gates block it now. Then the ledger in order, the serving switches
+(when the version answering users changed, from the request log), spot-checks and shadow evidence. `mlops
+registry report` prints it; `make demo` ends with it.
+"""
+
+from __future__ import annotations
+
+import time
+
+Z = 1.645  # the gate's default one-sided 95% interval, used to show each score's uncertainty
+
+
+def release_report(model: str, *, url: str | None = None) -> dict:
+    from mlops.lineage import Tag
+    from registry import ledger
+    from registry.audit import model_state, verify
+    from registry.gates import evaluate_gates
+
+    state = model_state(model, url=url)
+    versions = []
+    for version, vs in sorted(state.versions.items(), key=lambda kv: int(kv[0])):
+        gates = evaluate_gates(state, version)
+        versions.append({
+            "version": version, "stage": vs.stage, "stage_reason": vs.stage_reason,
+            "aliases": sorted(a for a, v in state.aliases.items() if v == version),
+            "trainer": vs.trainer, "registered_by": vs.registered_by, "content_id": vs.content_id,
+            "run_id": vs.evidence.get("run_id"), "snapshot_id": vs.evidence.get("snapshot_id"),
+            "data_run_id": (vs.evidence.get("lineage") or {}).get(str(Tag.DATA_RUN)),
+            "gate": gate_outcome(vs.content_id),
+            "blocking": [{"gate": g.gate, "detail": g.detail} for g in gates if not g.ok],
+        })
+    entries = [{k: e.as_dict()[k] for k in ("seq", "ts", "actor", "action", "version", "from_stage", "to_stage",
+                                             "alias", "alias_before", "alias_after", "reason")}
+               for e in ledger.entries(model, url)]
+    return {"model": model, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "aliases": dict(state.aliases), "versions": versions, "ledger": entries,
+            "pending": [{"version": r.version, "to": r.to_stage, "requester": r.requester, "comment": r.comment}
+                        for r in state.requests if r.status == "pending"],
+            "serving": serving_switches(model, url=url), "ledger_verified": verify(model, url).ok}
+
+
+def gate_outcome(content_id: str | None) -> dict | None:
+    """The newest stored gate report of a model: result, what it compared against, main deltas, scores."""
+    from registry.gates import newest_gate_report
+
+    found = newest_gate_report(content_id) if content_id else None
+    if found is None:
+        return None
+    run_id, report = found
+    checks = report.get("checks") or []
+    moved = sorted((c for c in checks if c.get("delta") is not None and c.get("rule") != "coverage"),
+                   key=lambda c: abs(c["delta"]), reverse=True)
+    evidence = (report.get("settings") or {}).get("evidence") or {}
+    mine = evidence.get("challenger") or {}
+    return {"gate_run": run_id, "result": report.get("result"), "champion": report.get("champion"),
+            "reasons": report.get("reasons") or [],
+            "main_deltas": [{k: c.get(k) for k in ("name", "against", "rule", "delta", "lo", "hi", "passed")}
+                            for c in moved[:4]],
+            "eval_run": mine.get("eval_run_id"), "scores": eval_scores(mine.get("eval_run_id"))}
+
+
+def eval_scores(eval_run: str | None) -> dict:
+    """The business suite as one n-weighted score and each general task, with their intervals."""
+    from evaluation.gate import suite_score
+    from evaluation.results import Score
+    from mlops.errors import NotFoundError
+    from mlops.run_store import load_run_json
+
+    if not eval_run:
+        return {}
+    try:
+        summary = load_run_json(eval_run, "eval/summary.json")
+    except NotFoundError:
+        return {}
+    tasks = [Score.from_dict(row) for row in summary.get("tasks", [])]
+    units = [s for s in (suite_score(tasks, "business"),) if s] + [t for t in tasks if t.suite == "general"]
+    return {s.name: {"value": s.value, "half_width": Z * s.stderr, "n": s.n} for s in units}
+
+
+def serving_switches(model: str, *, url: str | None = None) -> list[dict]:
+    """When the version answering users changed: the first logged user request each version answered."""
+    from mlops.requestlog import read_requests
+
+    switches, current = [], None
+    for row in read_requests(model=model, role="user", url=url):
+        if row["status"] != 200:
+            continue  # refused requests (a wrong model name, a bad body) say nothing about who served
+        if row["version"] != current:
+            switches.append({"ts": _iso(row["ts"]), "from": current, "to": row["version"],
+                             "request_id": row["request_id"]})
+            current = row["version"]
+    return switches
+
+
+def _iso(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+def render(report: dict) -> str:
+    """The report for people: versions with lineage and gates, the ledger, serving switches."""
+    aliases = ", ".join(f"@{a}=v{v}" for a, v in sorted(report["aliases"].items())) or "no aliases"
+    lines = [f"Release report of {report['model']} ({aliases}), read from the stored state at {report['created']}",
+             "", "Versions:"]
+    for v in report["versions"]:
+        lines.append(f"  v{v['version']} {v['stage']}{' @' + ',@'.join(v['aliases']) if v['aliases'] else ''}: "
+                     f"run {v['run_id']}, snapshot {v['snapshot_id']}, data run {v['data_run_id'] or '?'}, "
+                     f"trained by {v['trainer'] or '?'}")
+        gate = v["gate"]
+        if gate:
+            against = f"against {gate['champion']}" if gate["champion"] else "on floors (no champion)"
+            lines.append(f"      gate {gate['result']} {against} (gate run {gate['gate_run']})")
+            for name, s in gate["scores"].items():
+                lines.append(f"      score {name}: {s['value']:.3f} ± {s['half_width']:.3f} (n = {s['n']})")
+            for d in gate["main_deltas"]:
+                if d["rule"] in ("floor", "must_beat"):  # the interval is the score's own, not a delta's
+                    what = f"{d['delta']:+.3f} from it, score interval [{d['lo']:.3f}, {d['hi']:.3f}]"
+                else:
+                    what = f"delta {d['delta']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"
+                lines.append(f"      {d['name']} vs {d['against']} ({d['rule']}): {what} "
+                             f"{'ok' if d['passed'] else 'FAILED'}")
+        else:
+            lines.append("      no stored gate report")
+        for b in v["blocking"]:
+            lines.append(f"      blocks production now: {b['gate']}: {b['detail']}")
+        if v["stage_reason"]:
+            lines.append(f"      last stage change: {v['stage_reason']}")
+    lines += ["", f"Ledger ({len(report['ledger'])} entries, hash chain "
+                  f"{'verified' if report['ledger_verified'] else 'NOT verified: run mlops registry verify'}):"]
+    for e in report["ledger"]:
+        move = f" @{e['alias']}: {e['alias_before'] or '-'} -> {e['alias_after'] or '-'}" if e["alias"] else ""
+        stage = f" {e['from_stage'] or '-'} -> {e['to_stage']}" if e["to_stage"] else ""
+        lines.append(f"  #{e['seq']} {e['ts']} {e['actor']:6} {e['action']:18} v{e['version'] or '-'}{stage}{move}"
+                     + (f" ({e['reason']})" if e["reason"] else ""))
+    lines += ["", "Serving switches (first user request each version answered, from the request log):"]
+    lines += [f"  {s['ts']} v{s['from'] or '-'} -> v{s['to']} (request {s['request_id']})" for s in report["serving"]]
+    if not report["serving"]:
+        lines.append("  no logged user requests")
+    return "\n".join(lines)
