@@ -55,7 +55,7 @@ def _choose(prep: Prepared, continue_run: str | None):
     from mlops.tracking import MlflowTracker
 
     cfg = prep.cfg
-    name = cfg.run.run_name or f"train-{cfg.train.mode}-{cfg.base_model}"
+    name = run_name(cfg)
     tags = prep.lineage.as_tags()
     if continue_run:
         try:
@@ -135,6 +135,11 @@ def fail_runs(run_ids: set[str], reason: str) -> None:
             log.warning("could not mark run %s failed: %s", run_id, err)
 
 
+def run_name(cfg) -> str:
+    """A training run's name in the MLflow UI: `run.run_name`, else by stage, mode and base model."""
+    return cfg.run.run_name or f"train-{cfg.train.mode}-{cfg.base_model}"
+
+
 def already_done(prep: Prepared, tracker, rank: int):
     from mlops.lineage import Tag
     from training.trainer import TrainResult
@@ -150,7 +155,8 @@ def already_done(prep: Prepared, tracker, rank: int):
     if tracker is None and rank == 0 and os.environ.get(MLFLOW_RUN_ENV, result.run_id) != result.run_id:
         from mlops.tracking import MlflowTracker
 
-        tracker = MlflowTracker.start(prep.cfg.run.experiment)  # the run `mlflow run` created for this rerun
+        # The run `mlflow run` created for this rerun: named for what it is, pointing at the run that trained.
+        tracker = MlflowTracker.start(prep.cfg.run.experiment, run_name=f"{run_name(prep.cfg)} (already trained)")
     if tracker is not None and rank == 0 and tracker.run_id != result.run_id:
         tracker.set_tags({**prep.lineage.as_tags(), Tag.SOURCE_RUN: result.run_id})
         tracker.log_metrics({k: v for k, v in result.metrics.items() if isinstance(v, int | float)}, result.steps)
