@@ -23,7 +23,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 
-from evaluation.results import Score
+from evaluation.results import Score, suite_score
 
 DIMENSION_SUITES = ("business",)
 
@@ -110,24 +110,18 @@ def _stderr_near(score: Score, reference: float) -> float:
     return max(score.stderr, math.sqrt(p * (1 - p) / max(score.n, 1)))
 
 
+def _own_interval(score: Score, reference: float, cfg) -> tuple[float, float]:
+    """The score's own interval (a [0, 1] score's, clipped), judged against a measured reference value."""
+    half = cfg.z * _stderr_near(score, reference)
+    return max(0.0, score.value - half), min(1.0, score.value + half)
+
+
 def _floor(score: Score, floor: float, cfg) -> Check:
-    half = cfg.z * _stderr_near(score, floor)
-    lo, hi = max(0.0, score.value - half), min(1.0, score.value + half)  # a [0, 1] score's interval
+    lo, hi = _own_interval(score, floor, cfg)
     passed = (hi >= floor) if cfg.mode == "noise_tolerant" else (lo >= floor)
     why = f"{score.name} scores {score.value:.3f} [{lo:.3f}, {hi:.3f}], below its floor {floor:.3f}"
     return Check(score.name, "floor", "floor", score.value, floor, score.value - floor, lo, hi, passed,
                  "" if passed else why)
-
-
-def suite_score(tasks: list[Score], suite: str) -> Score | None:
-    """The n-weighted aggregate of one suite's tasks, with the stderr of that weighted mean."""
-    members = [t for t in tasks if t.suite == suite]
-    total = sum(t.n for t in members)
-    if not total:
-        return None
-    value = sum(t.value * t.n for t in members) / total
-    stderr = math.sqrt(sum((t.n / total) ** 2 * t.stderr**2 for t in members))
-    return Score(suite, suite, suite, "+".join(sorted({t.metric for t in members})), value, stderr, total, "suite")
 
 
 def _must_beat(challenger: dict, cfg) -> list[Check]:
@@ -140,8 +134,7 @@ def _must_beat(challenger: dict, cfg) -> list[Check]:
             checks.append(Check(name, "must_beat", "coverage", None, target, None, None, None, False,
                                 f"must_beat names '{name}', which the challenger's eval does not contain"))
             continue
-        half = cfg.z * _stderr_near(score, target)
-        lo, hi = max(0.0, score.value - half), min(1.0, score.value + half)
+        lo, hi = _own_interval(score, target, cfg)
         passed = lo > target
         why = (f"{name} scores {score.value:.3f} [{lo:.3f}, {hi:.3f}] (n = {score.n}), which does not beat "
                f"{target:.3f} beyond its interval")

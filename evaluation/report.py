@@ -34,7 +34,8 @@ def to_markdown(report: GateReport) -> str:
         "| --- | --- | --- | ---: | ---: | ---: | --- | --- |",
     ]
     for c in report.checks:
-        interval = f"[{_num(c.lo, c.rule not in ABSOLUTE)}, {_num(c.hi, c.rule not in ABSOLUTE)}]" if c.lo is not None else "-"
+        signed = c.rule not in ABSOLUTE
+        interval = f"[{_num(c.lo, signed)}, {_num(c.hi, signed)}]" if c.lo is not None else "-"
         lines.append(
             f"| {c.name} | {c.against} | {c.rule} | {_num(c.challenger)} | {_num(c.reference)} | "
             f"{_num(c.delta, True)} | {interval} | {'pass' if c.passed else '**FAIL**'} |"

@@ -53,19 +53,26 @@ def task_scores(results: dict, suites: list[Suite]) -> list[Score]:
     return scores
 
 
+def weighted(members: list[Score], name: str, suite: str, area: str, kind: str) -> Score:
+    """The n-weighted mean of independent scores, with the stderr of that weighted mean."""
+    total = sum(s.n for s in members) or 1
+    value = sum(s.value * s.n for s in members) / total
+    stderr = math.sqrt(sum((s.n / total) ** 2 * s.stderr**2 for s in members))
+    return Score(name, suite, area, "+".join(sorted({s.metric for s in members})), value, stderr, total, kind)
+
+
 def area_scores(tasks: list[Score]) -> list[Score]:
-    """n-weighted mean per (suite, area) with the stderr of that weighted mean (tasks are independent)."""
+    """n-weighted mean per (suite, area)."""
     groups: dict[tuple[str, str], list[Score]] = {}
     for score in tasks:
         groups.setdefault((score.suite, score.area), []).append(score)
-    out = []
-    for (suite, area), members in sorted(groups.items()):
-        total = sum(s.n for s in members) or 1
-        value = sum(s.value * s.n for s in members) / total
-        stderr = math.sqrt(sum((s.n / total) ** 2 * s.stderr**2 for s in members))
-        metric = "+".join(sorted({s.metric for s in members}))
-        out.append(Score(area, suite, area, metric, value, stderr, total, kind="area"))
-    return out
+    return [weighted(members, area, suite, area, "area") for (suite, area), members in sorted(groups.items())]
+
+
+def suite_score(tasks: list[Score], suite: str) -> Score | None:
+    """The n-weighted mean of one suite's tasks (None when the eval holds none of them)."""
+    members = [t for t in tasks if t.suite == suite and t.n]
+    return weighted(members, suite, suite, suite, "suite") if members else None
 
 
 def summary(tasks: list[Score], suites: list[Suite], extra: dict | None = None) -> dict:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import time
 
-Z = 1.645  # the gate's default one-sided 95% interval, used to show each score's uncertainty
-
 
 def release_report(model: str, *, url: str | None = None) -> dict:
     from mlops.lineage import Tag
@@ -36,7 +34,7 @@ def release_report(model: str, *, url: str | None = None) -> dict:
     entries = [{k: e.as_dict()[k] for k in ("seq", "ts", "actor", "action", "version", "from_stage", "to_stage",
                                              "alias", "alias_before", "alias_after", "reason")}
                for e in ledger.entries(model, url)]
-    return {"model": model, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    return {"model": model, "created": _iso(time.time()),
             "aliases": dict(state.aliases), "versions": versions, "ledger": entries,
             "pending": [{"version": r.version, "to": r.to_stage, "requester": r.requester, "comment": r.comment}
                         for r in state.requests if r.status == "pending"],
@@ -60,13 +58,15 @@ def gate_outcome(content_id: str | None) -> dict | None:
             "reasons": report.get("reasons") or [],
             "main_deltas": [{k: c.get(k) for k in ("name", "against", "rule", "delta", "lo", "hi", "passed")}
                             for c in moved[:4]],
-            "eval_run": mine.get("eval_run_id"), "scores": eval_scores(mine.get("eval_run_id"))}
+            "eval_run": mine.get("eval_run_id"),
+            "scores": eval_scores(mine.get("eval_run_id"), (report.get("settings") or {}).get("z", 1.645))}
 
 
-def eval_scores(eval_run: str | None) -> dict:
-    """The business suite as one n-weighted score and each general task, with their intervals."""
-    from evaluation.gate import suite_score
-    from evaluation.results import Score
+def eval_scores(eval_run: str | None, z: float) -> dict:
+    """Each dimension suite (business) as one n-weighted score and every other suite's tasks, with the half-width
+    of the interval the gate used (`z` from its report)."""
+    from evaluation.gate import DIMENSION_SUITES
+    from evaluation.results import Score, suite_score
     from mlops.errors import NotFoundError
     from mlops.run_store import load_run_json
 
@@ -77,8 +77,9 @@ def eval_scores(eval_run: str | None) -> dict:
     except NotFoundError:
         return {}
     tasks = [Score.from_dict(row) for row in summary.get("tasks", [])]
-    units = [s for s in (suite_score(tasks, "business"),) if s] + [t for t in tasks if t.suite == "general"]
-    return {s.name: {"value": s.value, "half_width": Z * s.stderr, "n": s.n} for s in units}
+    units = [s for s in (suite_score(tasks, suite) for suite in DIMENSION_SUITES) if s]
+    units += [t for t in tasks if t.suite not in DIMENSION_SUITES]
+    return {s.name: {"value": s.value, "half_width": z * s.stderr, "n": s.n} for s in units}
 
 
 def serving_switches(model: str, *, url: str | None = None) -> list[dict]:

@@ -5,8 +5,8 @@ in deployment form, and stores the items with a random A/B order each; which let
 the database. A reviewer (role with `spot_check`, never the version's trainer or registrar) says per item which
 answer is better (`A`, `B` or `same`), which answers state a wrong fact, and may add a note. A first release
 has no champion: the untuned base model it was trained from answers the other side (when this machine holds it;
-else each item has one answer, `acceptable`/`unacceptable`), so the check asks whether it improves on that. Verdicts are un-blinded on the way in: better / same / worse /
-wrong_fact, always relative to the champion. Creating a check and completing (or amending) its review are ledger
+else each item has one answer, `acceptable`/`unacceptable`), so the check asks whether it improves on that.
+Verdicts are un-blinded on the way in: better / same / worse / wrong_fact, always relative to the champion. Creating a check and completing (or amending) its review are ledger
 entries; the review entry carries a digest of the verdicts it covered, so a verdict edited behind the registry's
 back is seen.
 
@@ -87,7 +87,8 @@ def create(actor: Identity, model: str, version: str, *, n: int | None = None, s
              "challenger_profile_hash": vs.evidence.get("profile_hash"), "champion_version": champion,
              "champion_content_id": champ_state.content_id if champ_state else None,
              "champion_profile_hash": champ_state.evidence.get("profile_hash") if champ_state else None,
-             "baseline": f"{baseline['name']} ({baseline['id']})" if baseline else None, "created_by": actor.name, "created_ts": _now(), "seed": seed, "items": len(items), "strata": strata}
+             "baseline": f"{baseline['name']} ({baseline['id']})" if baseline else None,
+             "created_by": actor.name, "created_ts": _now(), "seed": seed, "items": len(items), "strata": strata}
     store.insert_check(check, items, url)
 
     def plan_for(now) -> Plan:
