@@ -67,10 +67,10 @@ def _subset(suites, tasks):
 def deployment(path: str, limit: int, tasks: list[str] | None, batch_size: int, concurrency: int) -> tuple[float, float]:
     """(wall including server start, lm-eval part only)."""
     from evaluation.config import EvalConfig
-    from evaluation.process import ServerProcess
     from evaluation.runner import _lm_eval, prepare_tasks
     from evaluation.suites import get_suites
     from mlops.profile import load_profile
+    from serving.process import ServerProcess
 
     started = time.perf_counter()
     suites = _subset(get_suites("general,business"), tasks)
@@ -98,8 +98,8 @@ def _percentile(values: list[float], q: float) -> float:
 def throughput(path: str, levels: list[int], requests: int, max_tokens: int) -> list[dict]:
     import httpx
 
-    from evaluation.process import ServerProcess
     from mlops.profile import load_profile
+    from serving.process import ServerProcess
 
     work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     profile_file = load_profile(path).save_as(work / "profile.yaml")

@@ -191,9 +191,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--json", type=Path, help="also write the report here")
     args = parser.parse_args()
-    from evaluation.process import ServerProcess
     from mlops.base_models import ensure_base_model
     from mlops.profile import load_profile
+    from serving.process import ServerProcess
 
     print(f"load average before: {os.getloadavg()}")
     report = {}

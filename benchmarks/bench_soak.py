@@ -2,7 +2,7 @@
 
 Answers, streams, poison bodies, clients that leave mid-stream, and feedback posts, from `--clients` clients
 against a server this script starts on 127.0.0.1; per window: RSS, p50/p95 latency, 5xx and unexpected
-outcomes; then the drift of the last third against the first (`evaluation.serving_soak`). Goals: RSS ratio
+outcomes; then the drift of the last third against the first (`serving.soak`). Goals: RSS ratio
 <= 1.10, p50 ratio <= 1.5 on a quiet machine, no 5xx, nothing unexpected. The load average is printed before and
 after: on a shared 2-core machine only runs that start quiet are comparable.
 
@@ -33,8 +33,8 @@ def main() -> None:
     args = parser.parse_args()
     from bench_shadow import _start
 
-    from evaluation.serving_soak import render, soak
     from mlops.base_models import ensure_base_model
+    from serving.soak import render, soak
 
     print(f"load average before: {os.getloadavg()}")
     model = args.model if Path(args.model).is_dir() else ensure_base_model(args.model)["path"]

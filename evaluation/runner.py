@@ -15,11 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluation.process import ServerProcess
 from evaluation.results import Score, metrics_for_tracking, summary, task_scores, write_samples
 from evaluation.suites import Suite, get_suites, task_config
 from mlops.lineage import Tag
 from mlops.profile import DeploymentProfile, check_template, choose_eval_profile, read_profile
+from serving.process import ServerProcess
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ def run_eval(cfg, ref: str, *, suites: list[str] | str | None = None, profile_pa
         except BaseException as err:
             run.log_artifact(server.log_path, "eval")
             if not server.alive() and not isinstance(err, KeyboardInterrupt):
-                from evaluation.process import ServerError
+                from serving.process import ServerError
 
                 if isinstance(err, ServerError):
                     raise

@@ -6,7 +6,7 @@ version is loaded beside the old one, health-checked, then swapped in (`slot.loa
 finish on the old model. Polling on every store; with a tracking server, MLflow's `model_version_alias.created`
 webhook can wake the follower early (`poke()`).
 
-With a canary route (`evaluation.serving_canary.CanaryRoute`, the server's `app.state.canary`), the follower
+With a canary route (`serving.canary.CanaryRoute`, the server's `app.state.canary`), the follower
 also keeps the ledger's canary: when the replayed state names one (`canary_start`), its version is loaded into
 the route's slot and takes its share of traffic; when it stops (`canary_stop`) or its `until` passes, the route
 stops and the model is unloaded. A stage name that is no alias (`@candidate`) follows the newest version in that

@@ -140,8 +140,8 @@ def served_answers(ref: str, conversations: list[list[dict]], *, max_tokens: int
     """Each conversation's answer from `ref` served under its profile: {"text", "latency_ms", "tokens", "error"}."""
     import asyncio
 
-    from evaluation.server import create_app
     from mlops.model_refs import describe, materialize
+    from serving.server import create_app
 
     desc = describe(ref)
     model = materialize(desc)

@@ -207,8 +207,8 @@ def test_parse_metrics_reads_requests_errors_and_p95_per_version_from_model_rout
 def test_parse_metrics_reads_a_real_servers_metrics(tiny_model):
     from fastapi.testclient import TestClient
 
-    from evaluation.server import create_app
     from mlops.profile import load_profile
+    from serving.server import create_app
 
     app = create_app(tiny_model["path"], load_profile(tiny_model["path"]), model_name="bot", version="7")
     with TestClient(app) as client:

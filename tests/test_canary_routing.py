@@ -6,23 +6,23 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from evaluation.testing import canary_start, canary_stop
+from serving.testing import canary_start, canary_stop
 
 
 def test_canary_takes_its_share_labelled_and_counted_per_version_then_unloads(mlops_home, tiny_model, tmp_path):
     import httpx
 
-    from evaluation.server import create_app
-    from evaluation.serving_canary import sampled
-    from evaluation.serving_log import RequestLogWriter
-    from evaluation.serving_metrics import version_stats
-    from evaluation.testing import serve_in_thread
     from mlops.model_refs import resolve_model_ref
     from mlops.requestlog import read_requests
     from mlops.tracking import init_experiment
     from registry.follow import Follower
     from registry.release import register
     from registry.testing import make_identities, release_version, training_run
+    from serving.canary import sampled
+    from serving.metrics import version_stats
+    from serving.request_log import RequestLogWriter
+    from serving.server import create_app
+    from serving.testing import serve_in_thread
 
     init_experiment("registry-test")
     who = make_identities()
@@ -90,12 +90,12 @@ def test_canary_takes_its_share_labelled_and_counted_per_version_then_unloads(ml
 
 def test_a_canary_that_fails_to_load_leaves_all_traffic_on_the_serving_version(mlops_home, tiny_model, tmp_path,
                                                                                caplog):
-    from evaluation.server import create_app
     from mlops.model_refs import resolve_model_ref
     from mlops.tracking import init_experiment
     from registry.follow import Follower
     from registry.release import register
     from registry.testing import make_identities, release_version, training_run
+    from serving.server import create_app
 
     init_experiment("registry-test")
     who = make_identities()
@@ -119,7 +119,7 @@ def test_a_canary_that_fails_to_load_leaves_all_traffic_on_the_serving_version(m
 
 
 def test_version_stats_gives_a_windows_requests_error_rate_and_p95_per_version():
-    from evaluation.serving_metrics import ServerMetrics, version_stats
+    from serving.metrics import ServerMetrics, version_stats
 
     metrics = ServerMetrics()
 

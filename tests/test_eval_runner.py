@@ -112,7 +112,7 @@ def test_eval_logs_suite_results_through_the_served_endpoint(registered):
     samples = {a.path for a in _client().list_artifacts(outcome.run_id, "eval/samples")}
     assert "eval/samples/biz_billing_gen.jsonl" in samples and len(samples) == 18
     log = Path(_client().download_artifacts(outcome.run_id, "eval/server.log")).read_text()
-    # one JSON access line per request (evaluation.serving_metrics.log_access)
+    # one JSON access line per request (serving.metrics.log_access)
     assert '"route":"/v1/completions","status":200' in log and '"route":"/v1/chat/completions","status":200' in log
     from registry.versions import version_tags
 
@@ -123,8 +123,8 @@ def test_eval_logs_suite_results_through_the_served_endpoint(registered):
 
 @pytest.mark.slow
 def test_an_eval_whose_server_dies_is_failed_with_the_log_and_no_scores(registered):
-    from evaluation.process import ServerError
     from evaluation.runner import run_eval
+    from serving.process import ServerError
 
     def kill_soon(server) -> None:
         threading.Timer(1.0, lambda: server.proc.send_signal(signal.SIGKILL)).start()

@@ -10,11 +10,11 @@ def served(mlops_home, tiny_model, tmp_path):
     """A keyed server with a request log; yields (client, headers, writer)."""
     import httpx
 
-    from evaluation.server import create_app
-    from evaluation.serving_auth import KeyStore, add_key
-    from evaluation.serving_log import RequestLogWriter
-    from evaluation.testing import serve_in_thread
     from mlops.profile import load_profile
+    from serving.auth import KeyStore, add_key
+    from serving.request_log import RequestLogWriter
+    from serving.server import create_app
+    from serving.testing import serve_in_thread
 
     keys_file = tmp_path / "keys.json"
     key, _ = add_key(keys_file, "helpdesk-app")
@@ -107,9 +107,9 @@ def test_feedback_is_refused_with_503_when_the_log_database_fails(served, monkey
 def test_a_server_without_a_request_log_says_feedback_is_off(tiny_model):
     import httpx
 
-    from evaluation.server import create_app
-    from evaluation.testing import serve_in_thread
     from mlops.profile import load_profile
+    from serving.server import create_app
+    from serving.testing import serve_in_thread
 
     app = create_app(tiny_model["path"], load_profile(tiny_model["path"]), model_name="bot")
     with serve_in_thread(app) as url:

@@ -81,7 +81,7 @@ def test_import_direction_check_catches_a_function_level_stage_import():
 
 
 def test_production_code_imports_no_test_fakes():
-    fakes = {"training.testing", "training.sweep.testing", "mlops.data.testing", "evaluation.testing"}
+    fakes = {"training.testing", "training.sweep.testing", "mlops.data.testing", "serving.testing"}
     offenders = {}
     for pkg in ("mlops", "training", "evaluation", "registry", "app"):
         for path in sorted((REPO / pkg).rglob("*.py")):

@@ -12,7 +12,7 @@ from mlops.profile import DeploymentProfile, SamplingParams, load_profile
 
 @pytest.fixture(scope="module")
 def engine(tiny_model):
-    from evaluation.generation import Engine
+    from serving.engines.hf.engine import Engine
 
     eng = Engine(tiny_model["path"])
     yield eng
@@ -30,7 +30,7 @@ def profile(tiny_model) -> DeploymentProfile:
 def client(tiny_model, engine, profile):
     from fastapi.testclient import TestClient
 
-    from evaluation.server import create_app
+    from serving.server import create_app
 
     app = create_app(tiny_model["path"], profile, model_name="tiny", engine=engine)
     with TestClient(app) as c:  # no lifespan exit here: the engine is shared by the module
@@ -76,9 +76,9 @@ def test_string_prompts_are_tokenized_without_bos(client, engine):
 
 
 def test_profile_supplies_system_prompt_and_sampling_defaults(client, engine, profile):
-    from evaluation.api_schema import ChatRequest
-    from evaluation.completions import View, chat_ids
-    from evaluation.serving_config import ServeConfig
+    from serving.api_schema import ChatRequest
+    from serving.completions import View, chat_ids
+    from serving.config import ServeConfig
 
     view = View("tiny", client.app.state.slot.current, ServeConfig())
     ids = chat_ids(view, ChatRequest(messages=[{"role": "user", "content": "Where is my order?"}]))

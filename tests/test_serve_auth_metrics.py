@@ -12,7 +12,7 @@ from mlops.profile import load_profile
 
 @pytest.fixture(scope="module")
 def engine(tiny_model):
-    from evaluation.generation import Engine
+    from serving.engines.hf.engine import Engine
 
     eng = Engine(tiny_model["path"])
     yield eng
@@ -24,8 +24,8 @@ def keyed(tiny_model, engine, tmp_path):
     """A client of an app with API keys on, the keys file, and one valid key."""
     from fastapi.testclient import TestClient
 
-    from evaluation.server import create_app
-    from evaluation.serving_auth import KeyStore, add_key
+    from serving.auth import KeyStore, add_key
+    from serving.server import create_app
 
     path = tmp_path / "keys.json"
     key, entry = add_key(path, "tester")
@@ -53,7 +53,7 @@ def test_requests_need_a_valid_bearer_key_and_probes_stay_open(keyed):
 
 
 def test_a_revoked_key_is_refused_without_a_restart_and_the_file_holds_no_key(keyed):
-    from evaluation.serving_auth import revoke_key
+    from serving.auth import revoke_key
 
     client, key, entry, path = keyed
     auth = {"Authorization": f"Bearer {key}"}
@@ -122,9 +122,9 @@ def test_metrics_count_requests_latency_tokens_and_name_the_serving_version(keye
 def test_metrics_can_be_opened_for_a_scraper_while_the_api_stays_keyed(tiny_model, engine, tmp_path):
     from fastapi.testclient import TestClient
 
-    from evaluation.server import create_app
-    from evaluation.serving_auth import KeyStore, add_key
-    from evaluation.serving_config import AuthConfig, ServeConfig
+    from serving.auth import KeyStore, add_key
+    from serving.config import AuthConfig, ServeConfig
+    from serving.server import create_app
 
     add_key(tmp_path / "k.json", "x")
     app = create_app(tiny_model["path"], load_profile(tiny_model["path"]), model_name="tiny", engine=engine,
@@ -137,9 +137,9 @@ def test_a_registry_identity_signs_in_with_its_password_when_the_server_accepts_
                                                                                              tmp_path, monkeypatch):
     from fastapi.testclient import TestClient
 
-    from evaluation.server import create_app
-    from evaluation.serving_auth import IdentityVerifier, KeyStore
     from registry.testing import PASSWORDS, make_identities
+    from serving.auth import IdentityVerifier, KeyStore
+    from serving.server import create_app
 
     people = tmp_path / "identities.yaml"
     monkeypatch.setenv("MLOPS_IDENTITIES", str(people))

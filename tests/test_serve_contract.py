@@ -9,13 +9,13 @@ from concurrent.futures import Future
 
 import pytest
 
-from evaluation.detokenize import REPLACEMENT
 from mlops.profile import load_profile
+from serving.engines.hf.detokenize import REPLACEMENT
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model):
-    from evaluation.generation import Engine
+    from serving.engines.hf.engine import Engine
 
     eng = Engine(tiny_model["path"])
     yield eng
@@ -26,7 +26,7 @@ def engine(tiny_model):
 def client(tiny_model, engine):
     from fastapi.testclient import TestClient
 
-    from evaluation.server import create_app
+    from serving.server import create_app
 
     app = create_app(tiny_model["path"], load_profile(tiny_model["path"]), model_name="support-bot/3", engine=engine,
                      version="3")
@@ -42,9 +42,9 @@ def test_an_internal_error_is_a_500_with_the_request_id_one_traceback_and_no_int
         tiny_model, monkeypatch, caplog, capfd):
     import httpx
 
-    from evaluation.generation import Engine
-    from evaluation.server import create_app
-    from evaluation.testing import serve_in_thread
+    from serving.engines.hf.engine import Engine
+    from serving.server import create_app
+    from serving.testing import serve_in_thread
 
     engine = Engine(tiny_model["path"])  # closed with the app
     def broken_score(*_args, **_kwargs):

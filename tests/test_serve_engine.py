@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from evaluation.generation import Engine, GenParams
+from serving.engines.hf.engine import Engine, GenParams
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def test_prompts_sharing_a_context_score_as_if_alone(engine):
 
 
 def test_streaming_holds_back_only_text_that_could_still_become_a_stop_string():
-    from evaluation.decoding import held_back
+    from serving.engines.hf.decoding import held_back
 
     stops = ["<|im_end|>", "\n\n"]
     assert held_back("Your parcel ships today", stops) == 0  # nothing waits for a stop that cannot start here

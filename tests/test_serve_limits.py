@@ -14,10 +14,10 @@ from mlops.profile import load_profile
 
 @pytest.fixture(scope="module")
 def served(tiny_model):
-    from evaluation.generation import Engine
-    from evaluation.server import create_app
-    from evaluation.serving_config import ServeConfig
-    from evaluation.testing import serve_in_thread
+    from serving.config import ServeConfig
+    from serving.engines.hf.engine import Engine
+    from serving.server import create_app
+    from serving.testing import serve_in_thread
 
     engine = Engine(tiny_model["path"])
     app = create_app(tiny_model["path"], load_profile(tiny_model["path"]), model_name="tiny", engine=engine,

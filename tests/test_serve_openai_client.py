@@ -7,9 +7,9 @@ import pytest
 
 @pytest.fixture(scope="module")
 def base_url(tiny_model):
-    from evaluation.server import create_app
-    from evaluation.testing import serve_in_thread
     from mlops.profile import load_profile
+    from serving.server import create_app
+    from serving.testing import serve_in_thread
 
     app = create_app(tiny_model["path"], load_profile(tiny_model["path"]), model_name="tiny")
     with serve_in_thread(app) as url:

@@ -16,8 +16,8 @@ def profile(tiny_model):
 
 
 def _served(tiny_model, profile, **parts):
-    from evaluation.server import create_app
-    from evaluation.serving_log import RequestLogWriter
+    from serving.request_log import RequestLogWriter
+    from serving.server import create_app
 
     writer = parts.pop("request_log", None) or RequestLogWriter(flush_seconds=0.05)
     app = create_app(tiny_model["path"], profile, model_name="bot", version="7", request_log=writer,
@@ -28,8 +28,8 @@ def _served(tiny_model, profile, **parts):
 def test_answers_are_logged_scrubbed_with_id_version_profile_latency_and_tokens(mlops_home, tiny_model, profile):
     import httpx
 
-    from evaluation.testing import serve_in_thread
     from mlops.requestlog import read_requests
+    from serving.testing import serve_in_thread
 
     app, writer = _served(tiny_model, profile)
     chat = {"messages": [{"role": "user", "content": "I am jane.doe@example.com, call +1 415 555 0100"}],
@@ -63,8 +63,8 @@ def test_answers_are_logged_scrubbed_with_id_version_profile_latency_and_tokens(
 
 def test_a_full_queue_drops_rows_counted_without_waiting_for_the_database(monkeypatch):
     import mlops.requestlog as requestlog
-    from evaluation.serving_log import RequestLogWriter
     from mlops.requestlog import LoggedRequest
+    from serving.request_log import RequestLogWriter
 
     stuck, written = threading.Event(), []
 
@@ -86,8 +86,8 @@ def test_a_full_queue_drops_rows_counted_without_waiting_for_the_database(monkey
 
 
 def test_a_reused_request_id_costs_only_its_own_row(mlops_home):
-    from evaluation.serving_log import RequestLogWriter
     from mlops.requestlog import LoggedRequest, read_requests, write_requests
+    from serving.request_log import RequestLogWriter
 
     write_requests([LoggedRequest("taken", "bot", "1", "/v1/completions", [], "first")])
     writer = RequestLogWriter(flush_seconds=0.01, retention_days=None)
@@ -102,8 +102,8 @@ def test_a_reused_request_id_costs_only_its_own_row(mlops_home):
 
 
 def test_retention_prunes_old_rows_when_the_writer_starts(mlops_home):
-    from evaluation.serving_log import RequestLogWriter
     from mlops.requestlog import LoggedRequest, read_requests, write_requests
+    from serving.request_log import RequestLogWriter
 
     write_requests([LoggedRequest("old", "bot", "1", "/v1/completions", [], "x", ts=time.time() - 10 * 86400),
                     LoggedRequest("new", "bot", "1", "/v1/completions", [], "y")])
@@ -118,8 +118,8 @@ def test_retention_prunes_old_rows_when_the_writer_starts(mlops_home):
 def test_request_log_and_shadow_config_is_typed_and_names_bad_values():
     from pydantic import ValidationError
 
-    from evaluation.serving_config import ServeConfig
     from mlops.errors import NotFoundError
+    from serving.config import ServeConfig
 
     cfg = ServeConfig.model_validate({"request_log": {"retention_days": 7, "queue": 100},
                                       "shadow": {"share": 0.2}})
@@ -133,8 +133,8 @@ def test_request_log_and_shadow_config_is_typed_and_names_bad_values():
 
 
 def test_the_writer_works_on_postgresql_with_duplicates_and_long_folder_names(postgres_url):
-    from evaluation.serving_log import RequestLogWriter, log_version
     from mlops.requestlog import LoggedRequest, read_requests
+    from serving.request_log import RequestLogWriter, log_version
 
     long_name = "checkpoint-folder-of-a-sweep-trial-number-0042-best"
     writer = RequestLogWriter(url=postgres_url, flush_seconds=0.01, retention_days=None)

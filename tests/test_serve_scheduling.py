@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from evaluation.generation import Engine, GenParams
+from serving.engines.hf.engine import Engine, GenParams
 
 
 @pytest.fixture(scope="module")

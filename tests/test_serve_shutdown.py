@@ -14,7 +14,7 @@ import pytest
 
 
 def _start(model: str, log_path, drain: float):
-    from evaluation.process import free_port
+    from serving.process import free_port
 
     port = free_port()
     log = open(log_path, "wb")  # noqa: SIM115 - closed by the caller after the process ends

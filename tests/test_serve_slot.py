@@ -31,9 +31,9 @@ def _stream(client, url: str, results: list, first_chunk: threading.Event, index
 def test_swap_under_streaming_load_fails_no_request_and_drains_the_old_engine(tiny_model, profile):
     import httpx
 
-    from evaluation.generation import Engine
-    from evaluation.server import create_app
-    from evaluation.testing import serve_in_thread
+    from serving.engines.hf.engine import Engine
+    from serving.server import create_app
+    from serving.testing import serve_in_thread
 
     old = Engine(tiny_model["path"])
     app = create_app(tiny_model["path"], profile, model_name="bot", engine=old, version="1")
@@ -65,7 +65,7 @@ def test_swap_under_streaming_load_fails_no_request_and_drains_the_old_engine(ti
 
 
 def test_swap_closes_an_idle_old_engine_at_once_and_keeps_a_busy_one_until_released(profile):
-    from evaluation.slot import ModelSlot
+    from serving.slot import ModelSlot
 
     class FakeEngine:
         def __init__(self):
@@ -88,7 +88,7 @@ def test_swap_closes_an_idle_old_engine_at_once_and_keeps_a_busy_one_until_relea
 
 
 def test_a_model_that_fails_to_load_or_mismatches_its_profile_never_replaces_the_serving_one(tiny_model, profile):
-    from evaluation.slot import ModelSlot, SlotError
+    from serving.slot import ModelSlot, SlotError
 
     slot = ModelSlot("bot")
     slot.swap(object(), profile, "1")
@@ -107,10 +107,10 @@ def test_a_model_that_fails_to_load_or_mismatches_its_profile_never_replaces_the
 def test_ready_reports_a_loaded_answering_model_and_health_only_the_process(tiny_model, profile):
     from fastapi.testclient import TestClient
 
-    from evaluation.generation import Engine
-    from evaluation.server import build_app
-    from evaluation.serving_config import ServeConfig
-    from evaluation.slot import ModelSlot
+    from serving.config import ServeConfig
+    from serving.engines.hf.engine import Engine
+    from serving.server import build_app
+    from serving.slot import ModelSlot
 
     slot = ModelSlot("bot")
     app = build_app(slot, ServeConfig())

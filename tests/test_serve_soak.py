@@ -43,14 +43,14 @@ def _versions_until(url: str, headers: dict, done, timeout: float = 90) -> list:
 def test_soak_under_mixed_load_keeps_memory_latency_and_errors_flat(mlops_home, tiny_model, tmp_path):
     import httpx
 
-    from evaluation.serving_auth import add_key
-    from evaluation.serving_soak import render, soak
-    from evaluation.testing import canary_start, canary_stop
     from mlops.files import free_port
     from mlops.requestlog import read_feedback, read_requests
     from mlops.tracking import init_experiment
     from registry.release import register
     from registry.testing import make_identities, release_version, training_run
+    from serving.auth import add_key
+    from serving.soak import render, soak
+    from serving.testing import canary_start, canary_stop
 
     init_experiment("registry-test")
     who = make_identities()

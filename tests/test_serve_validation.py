@@ -14,8 +14,8 @@ from mlops.profile import SamplingParams, load_profile
 def client(tiny_model):
     from fastapi.testclient import TestClient
 
-    from evaluation.server import create_app
-    from evaluation.serving_config import ServeConfig
+    from serving.config import ServeConfig
+    from serving.server import create_app
 
     profile = load_profile(tiny_model["path"]).model_copy(
         update={"max_context": 256, "sampling": SamplingParams(temperature=0.0, max_tokens=4, seed=7)})
@@ -145,8 +145,8 @@ def test_unimplemented_openai_fields_are_refused_as_not_supported(client, path, 
 def test_request_token_budget_is_enforced_before_any_work(tiny_model):
     from fastapi.testclient import TestClient
 
-    from evaluation.server import create_app
-    from evaluation.serving_config import ServeConfig
+    from serving.config import ServeConfig
+    from serving.server import create_app
 
     profile = load_profile(tiny_model["path"]).model_copy(update={"max_context": 256})
     app = create_app(tiny_model["path"], profile, model_name="tiny", config=ServeConfig(max_request_tokens=100))

@@ -18,9 +18,9 @@ def profile(tiny_model):
 
 
 def _runner(tiny_model, profile, **options):
-    from evaluation.generation import Engine
-    from evaluation.serving_shadow import ShadowRunner
-    from evaluation.slot import ModelSlot
+    from serving.engines.hf.engine import Engine
+    from serving.shadow import ShadowRunner
+    from serving.slot import ModelSlot
 
     slot = ModelSlot("bot#shadow")
     slot.swap(Engine(tiny_model["path"]), profile, "2", model_dir=tiny_model["path"])
@@ -28,8 +28,8 @@ def _runner(tiny_model, profile, **options):
 
 
 def _app(tiny_model, profile, shadow=None):
-    from evaluation.server import create_app
-    from evaluation.serving_log import RequestLogWriter
+    from serving.request_log import RequestLogWriter
+    from serving.server import create_app
 
     writer = RequestLogWriter(flush_seconds=0.05)
     return create_app(tiny_model["path"], profile, model_name="bot", version="1", request_log=writer,
@@ -53,8 +53,8 @@ def test_shadow_answers_are_logged_beside_the_users_and_the_users_answer_is_unch
                                                                                        profile):
     import httpx
 
-    from evaluation.testing import serve_in_thread
     from mlops.requestlog import read_requests
+    from serving.testing import serve_in_thread
 
     plain, _ = _app(tiny_model, profile)
     with serve_in_thread(plain) as url, httpx.Client(base_url=url, timeout=60) as client:
@@ -83,7 +83,7 @@ def test_shadow_answers_are_logged_beside_the_users_and_the_users_answer_is_unch
 
 
 def test_the_shadow_engine_makes_no_progress_while_the_user_engine_has_work(tiny_model):
-    from evaluation.generation import Engine, GenParams
+    from serving.engines.hf.engine import Engine, GenParams
 
     engine, user_busy = Engine(tiny_model["path"]), threading.Event()
     engine.yield_to = user_busy.is_set
@@ -103,8 +103,8 @@ def test_a_starved_shadow_drops_offers_counted_and_unlogged_while_users_are_serv
                                                                                     profile):
     import httpx
 
-    from evaluation.testing import serve_in_thread
     from mlops.requestlog import read_requests
+    from serving.testing import serve_in_thread
 
     runner = _runner(tiny_model, profile, queue_size=1, timeout=0.5)
     app, writer = _app(tiny_model, profile, shadow=runner)
@@ -125,8 +125,8 @@ def test_a_candidate_slower_than_the_timeout_is_logged_as_its_own_failure(mlops_
 
     import httpx
 
-    from evaluation.testing import serve_in_thread
     from mlops.requestlog import read_requests
+    from serving.testing import serve_in_thread
 
     class Hung:  # a candidate that never finishes its answer
         def __init__(self) -> None:
@@ -147,9 +147,9 @@ def test_a_candidate_slower_than_the_timeout_is_logged_as_its_own_failure(mlops_
 def test_the_shadowed_share_is_the_sampled_request_ids(mlops_home, tiny_model, profile):
     import httpx
 
-    from evaluation.serving_canary import sampled
-    from evaluation.testing import serve_in_thread
     from mlops.requestlog import read_requests
+    from serving.canary import sampled
+    from serving.testing import serve_in_thread
 
     runner = _runner(tiny_model, profile, share=0.3, queue_size=64)
     app, writer = _app(tiny_model, profile, shadow=runner)
@@ -183,10 +183,10 @@ def test_serve_refuses_a_shadow_without_a_share_or_without_a_request_log(mlops_h
 def test_a_shadow_with_no_candidate_yet_shadows_nothing_until_one_is_swapped_in(mlops_home, tiny_model, profile):
     import httpx
 
-    from evaluation.serving_shadow import ShadowRunner
-    from evaluation.slot import ModelSlot
-    from evaluation.testing import serve_in_thread
     from mlops.requestlog import read_requests
+    from serving.shadow import ShadowRunner
+    from serving.slot import ModelSlot
+    from serving.testing import serve_in_thread
 
     runner = ShadowRunner(ModelSlot("bot#shadow"), share=1.0)  # `serve --follow --shadow @candidate`, none yet
     app, writer = _app(tiny_model, profile, shadow=runner)
@@ -202,8 +202,8 @@ def test_a_shadow_with_no_candidate_yet_shadows_nothing_until_one_is_swapped_in(
 
 def test_serve_follow_starts_with_an_empty_shadow_when_no_candidate_holds_the_alias(mlops_home, monkeypatch):
     from evaluation import cli
-    from evaluation.serving_config import ServeConfig
     from registry import follow
+    from serving.config import ServeConfig
 
     monkeypatch.setattr(follow.Follower, "target", lambda self, state=None: None)
     cfg = ServeConfig().model_copy(update={"shadow": ServeConfig().shadow.model_copy(update={"share": 0.5})})

@@ -9,24 +9,34 @@ when it sends a safe one); model responses name the version that answered in `X-
 
 Around the main slot: a canary slot that takes a share of generation requests while the registry runs a canary
 (`serving_canary`), a shadow model that answers a share again in the background (`serving_shadow`), and the
-request log every generation answer goes to (`serving_log`).
+request log every generation answer goes to (`serving.request_log`).
 
 String prompts are tokenized without special tokens, exactly as lm-eval's `hf` model does: a server that
 prepends BOS would shift loglikelihoods by several nats.
 """
 
 
+# No `from __future__ import annotations`: FastAPI reads the handlers' annotations (Request) at runtime.
 import contextlib
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from evaluation.api_schema import ApiError, DetokenizeRequest, TokenizeRequest, parse_body
-from evaluation.serving_config import ServeConfig
-from evaluation.serving_http import MODEL_VERSION, REQUEST_ID  # noqa: F401 - re-exported for clients and tests
-from evaluation.slot import ModelSlot
-from mlops.profile import DeploymentProfile, chat_template_hash, template_of
+from mlops.profile import DeploymentProfile, chat_template_hash
+from serving.api_schema import ApiError, DetokenizeRequest, TokenizeRequest, parse_body
+from serving.config import ServeConfig
+from serving.engine import EngineSpec, build_engine, default_threads
+from serving.http import MODEL_VERSION, REQUEST_ID  # noqa: F401 - re-exported for clients and tests
+from serving.slot import ModelSlot
+
+if TYPE_CHECKING:
+    from serving.auth import KeyStore
+    from serving.canary import CanaryRoute
+    from serving.metrics import ServerMetrics
+    from serving.request_log import RequestLogWriter
+    from serving.shadow import ShadowRunner
 
 log = logging.getLogger("mlops.serve")
 
@@ -37,19 +47,21 @@ class ServerContext:
 
     slot: ModelSlot
     config: ServeConfig
-    metrics: object  # serving_metrics.ServerMetrics
-    keys: object | None = None  # serving_auth.KeyStore; None: no auth
-    canary: object | None = None  # serving_canary.CanaryRoute (empty until the registry starts a canary)
-    shadow: object | None = None  # serving_shadow.ShadowRunner
-    request_log: object | None = None  # serving_log.RequestLogWriter; None: nothing is logged, no feedback
+    metrics: "ServerMetrics"
+    keys: "KeyStore | None" = None  # None: no auth
+    canary: "CanaryRoute | None" = None  # empty until the registry starts a canary
+    shadow: "ShadowRunner | None" = None
+    request_log: "RequestLogWriter | None" = None  # None: nothing is logged, no feedback
     log_model: str | None = None  # the model's name in the request log (the registered name)
     draining: bool = False
     cut: int = 0  # requests cut by the drain timeout
 
 
-def engine_options(config: ServeConfig) -> dict:
-    return {"max_batch_tokens": config.max_batch_tokens, "max_gen_batch": config.max_batch_rows,
-            "slice_steps": config.slice_steps}
+def engine_spec(config: ServeConfig, threads: int | None = None) -> EngineSpec:
+    """The engine `serve.engine` names, with the configured batch limits and threads."""
+    return EngineSpec(config.engine, threads=threads or config.threads or default_threads(),
+                      max_batch_tokens=config.max_batch_tokens, max_batch_rows=config.max_batch_rows,
+                      slice_steps=config.slice_steps, options=config.llamacpp.model_dump())
 
 
 def create_app(model_dir: Path | str, profile: DeploymentProfile, *, model_name: str | None = None, engine=None,
@@ -59,12 +71,10 @@ def create_app(model_dir: Path | str, profile: DeploymentProfile, *, model_name:
     `keys` (a `serving_auth.KeyStore`) turns API keys on; without it every route is open, which is what
     `mlops serve --no-auth` does for local use. `parts` go to `build_app` (request_log, shadow, log_model).
     """
-    from evaluation.generation import Engine
-
     config = config or ServeConfig()
     model_dir = Path(model_dir)
     slot = ModelSlot(model_name or model_dir.name)
-    slot.swap(engine or Engine(model_dir, **engine_options(config)), profile, version or slot.name, model_dir=model_dir)
+    slot.swap(engine or build_engine(model_dir, engine_spec(config)), profile, version or slot.name, model_dir=model_dir)
     return build_app(slot, config, keys=keys, **parts)
 
 
@@ -73,7 +83,7 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None, request_log=No
     """The app for a model slot; `app.state.slot` is the slot a registry follower swaps versions into, and
     `app.state.canary` the canary route it loads a canary into.
 
-    `request_log` (a started or unstarted `serving_log.RequestLogWriter`) logs every generation answer and turns
+    `request_log` (a started or unstarted `serving.request_log.RequestLogWriter`) logs every generation answer and turns
     /v1/feedback on; `shadow` (a `serving_shadow.ShadowRunner`) answers a share of requests again in the
     background. The app starts both and stops them when it shuts down.
     """
@@ -83,14 +93,13 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None, request_log=No
     from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
 
-    from evaluation.completions import View, prepare_chat, prepare_completion, run
-    from evaluation.generation import Engine
-    from evaluation.serving_http import ServingMiddleware
-    from evaluation.serving_log import parse_feedback, request_messages
-    from evaluation.streaming import stream
+    from serving.completions import View, prepare_chat, prepare_completion, run
+    from serving.http import ServingMiddleware
+    from serving.request_log import parse_feedback, request_messages
+    from serving.streaming import stream
 
-    # torch threads are process-wide and already set by `serve`: a swapped-in engine keeps them.
-    slot.engine_factory = lambda folder: Engine(folder, **engine_options(config))
+    spec = engine_spec(config)
+    slot.engine_factory = lambda folder: build_engine(folder, spec)
     ctx = _context(slot, config, keys, request_log, shadow, log_model)
     metrics = ctx.metrics
 
@@ -166,21 +175,21 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None, request_log=No
     @app.get("/tokenizer_info")
     async def tokenizer_info(request: Request):
         serving = request.state.serving
-        tok, template = serving.engine.tokenizer, template_of(serving.model_dir) if serving.model_dir else None
+        info, template = serving.engine.tokenizer_info(), serving.engine.chat_template()
         return {
-            "tokenizer_class": type(tok).__name__, "eos_token": tok.eos_token, "bos_token": tok.bos_token,
-            "pad_token": tok.pad_token, "model_max_length": serving.profile.max_context, "vocab_size": len(tok),
+            "tokenizer_class": info.tokenizer_class, "eos_token": info.eos_token, "bos_token": info.bos_token,
+            "pad_token": info.pad_token, "model_max_length": serving.profile.max_context, "vocab_size": info.vocab_size,
             "chat_template": template, "chat_template_hash": chat_template_hash(template),
         }
 
     def _tokenize(v: View, raw: bytes) -> dict:
         body = parse_body(raw, TokenizeRequest)
-        tokens = v.engine.tokenizer(body.prompt, add_special_tokens=body.add_special_tokens).input_ids
+        tokens = v.engine.tokenize(body.prompt, add_special_tokens=body.add_special_tokens)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": v.profile.max_context}
 
     def _detokenize(v: View, raw: bytes) -> dict:
         body = parse_body(raw, DetokenizeRequest)
-        return {"prompt": v.engine.tokenizer.decode(v.check_ids(body.tokens, "tokens"))}
+        return {"prompt": v.engine.detokenize(v.check_ids(body.tokens, "tokens"))}
 
     def as_json(work, *args) -> bytes:
         # Built and serialized off the event loop: a scoring response can hold thousands of logprobs.
@@ -203,7 +212,7 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None, request_log=No
         capture = request.state.capture
         capture["scoring"] = not prep.chat and prep.body.echo
         capture["shadowable"] = not capture["scoring"] and len(prep.prompts) == 1
-        capture["messages"] = request_messages(prep, v.engine.tokenizer)
+        capture["messages"] = request_messages(prep, v.engine)
         if prep.body.stream:
             return stream(v, prep, request, request.state.request_id)
         out = await run(v, prep, request, request.state.request_id)
@@ -247,8 +256,8 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None, request_log=No
 
 def _context(slot: ModelSlot, config: ServeConfig, keys, request_log, shadow, log_model) -> ServerContext:
     """The shared context, with an (empty) canary slot, and the request log and shadow started."""
-    from evaluation.serving_canary import CanaryRoute
-    from evaluation.serving_metrics import ServerMetrics
+    from serving.canary import CanaryRoute
+    from serving.metrics import ServerMetrics
 
     metrics = ServerMetrics()
     metrics.watch_slot(slot)
@@ -284,9 +293,8 @@ def serve(model_dir: Path | str, profile: DeploymentProfile, *, host: str = "127
     `shadow` (a `serving_shadow.ShadowTarget`) loads a candidate that answers `serve.shadow.share` of the requests
     again in the background; `log_model` names the model in the request log (`serve.request_log`).
     """
-    from evaluation.generation import Engine, default_threads
-    from evaluation.serving_log import RequestLogWriter
-    from evaluation.serving_signals import run_until_signal
+    from serving.request_log import RequestLogWriter
+    from serving.signals import run_until_signal
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     config = config or ServeConfig()
@@ -296,7 +304,7 @@ def serve(model_dir: Path | str, profile: DeploymentProfile, *, host: str = "127
 
         log_url(config.request_log.database)  # a store that cannot be named fails now, not on the first request
         request_log = RequestLogWriter.from_config(config.request_log)
-    engine = Engine(model_dir, threads=threads or default_threads(), **engine_options(config))
+    engine = build_engine(model_dir, engine_spec(config, threads))
     runner = _shadow_runner(shadow, config, model_name or Path(model_dir).name) if shadow is not None else None
     app = create_app(model_dir, profile, model_name=model_name, engine=engine, version=version, config=config,
                      keys=keys, request_log=request_log, shadow=runner, log_model=log_model)
@@ -306,12 +314,11 @@ def serve(model_dir: Path | str, profile: DeploymentProfile, *, host: str = "127
 
 
 def _shadow_runner(target, config: ServeConfig, name: str):
-    from evaluation.generation import Engine
-    from evaluation.serving_shadow import ShadowRunner
+    from serving.shadow import ShadowRunner
 
     slot = ModelSlot(f"{name}#shadow")
     if target.model_dir is not None:  # else empty until its follower swaps a candidate in
-        slot.swap(Engine(target.model_dir, **engine_options(config)), target.profile, target.version,
+        slot.swap(build_engine(target.model_dir, engine_spec(config)), target.profile, target.version,
                   model_dir=target.model_dir)
     log.info("shadow: version %s answers %.0f%% of requests in the background", target.version or "(none yet)",
              config.shadow.share * 100)

@@ -33,7 +33,7 @@ class CanaryRoute:
     """A second slot and the share of traffic it takes; thread-safe."""
 
     def __init__(self, slot, metrics=None, clock=time.time) -> None:
-        self.slot = slot  # evaluation.slot.ModelSlot
+        self.slot = slot  # serving.slot.ModelSlot
         self.metrics = metrics
         self.clock = clock
         self.version: str | None = None
@@ -48,7 +48,7 @@ class CanaryRoute:
     def acquire(self, request_id: str):
         """The canary's serving for this request when it falls in the share, else None (the caller uses the main
         slot). Every serving returned needs `self.slot.release`."""
-        from evaluation.slot import SlotError
+        from serving.slot import SlotError
 
         if not self.active() or not sampled(request_id, self.share, "canary"):
             return None

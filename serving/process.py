@@ -55,7 +55,7 @@ class ServerProcess:
 
     def launch(self) -> ServerProcess:
         """Start the process without waiting, so the caller can prepare work while the model loads."""
-        from evaluation.serving_auth import add_key
+        from serving.auth import add_key
 
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.keys_file.unlink(missing_ok=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from evaluation.detokenize import REPLACEMENT
+from serving.engine import REPLACEMENT
 
 
 def sequence_texts(engine, ids: list[int]) -> list[str]:
@@ -20,7 +20,7 @@ def sequence_texts(engine, ids: list[int]) -> list[str]:
         j = i
         while j + 1 < len(texts) and REPLACEMENT in texts[j + 1]:
             j += 1
-        texts[i : j + 1] = [""] * (j - i) + [engine.tokenizer.decode(ids[i : j + 1])]
+        texts[i : j + 1] = [""] * (j - i) + [engine.detokenize(ids[i : j + 1])]
         i = j + 1
     return texts
 

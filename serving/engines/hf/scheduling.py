@@ -1,4 +1,4 @@
-"""The engine worker's two queues and how it takes turns within each (see evaluation.generation).
+"""The engine worker's two queues and how it takes turns within each (see serving.engines.hf.engine).
 
 `ScoringQueue`: each round takes prompts from every waiting request in turn, each up to its share of the
 token budget. `GenerationQueue`: each slice decodes the rows chosen by `_plan` (waiting rows first, an equal
@@ -12,8 +12,8 @@ import logging
 import time
 from collections import deque
 
-from evaluation.decoding import Batch
-from evaluation.scoring import forward_score
+from serving.engines.hf.decoding import Batch
+from serving.engines.hf.scoring import forward_score
 
 log = logging.getLogger("mlops.serve")
 
@@ -265,6 +265,6 @@ def _trim(scored, top_k: int):
     if all(t is None or len(t) <= top_k for t in scored.top_logprobs):
         return scored
     tops = [None if t is None else dict(list(t.items())[:top_k]) for t in scored.top_logprobs]
-    from evaluation.generation import Scored
+    from serving.engines.hf.engine import Scored
 
     return Scored(scored.tokens, scored.token_logprobs, tops)

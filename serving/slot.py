@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlops.errors import MLOpsError
+from mlops.profile import DeploymentProfile
+from serving.engine import Engine, EngineSpec, build_engine, default_threads
 
 log = logging.getLogger("mlops.serve")
 
@@ -29,8 +31,8 @@ class SlotError(MLOpsError):
 class Serving:
     """One loaded model version and the requests running on it."""
 
-    engine: object  # generation.Engine (or a test fake with the same methods)
-    profile: object  # profile.DeploymentProfile
+    engine: Engine  # or a test fake with the same methods
+    profile: DeploymentProfile
     version: str
     model_dir: Path | None = None
     loaded_at: int = field(default_factory=lambda: int(time.time()))
@@ -208,16 +210,14 @@ class ModelSlot:
 
 def check_engine(engine, timeout: float) -> None:
     """The engine scores one prompt and generates one token (what /ready promises)."""
-    from evaluation.generation import GenParams
+    from serving.engine import GenParams
 
-    ids = engine.tokenizer("Hello", add_special_tokens=False).input_ids or [0]
+    ids = engine.tokenize("Hello") or [0]
     scored = engine.score([ids]).result(timeout=timeout)
     if not scored or len(scored[0].token_logprobs) != len(ids) + 1:
         raise RuntimeError("scoring returned a malformed result")
     engine.generate(ids, GenParams(max_tokens=1)).future.result(timeout=timeout)
 
 
-def _default_engine(model_dir: Path):
-    from evaluation.generation import Engine, default_threads
-
-    return Engine(model_dir, threads=default_threads())
+def _default_engine(model_dir: Path) -> Engine:
+    return build_engine(model_dir, EngineSpec(threads=default_threads()))

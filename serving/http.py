@@ -18,8 +18,8 @@ import re
 import time
 import uuid
 
-from evaluation.api_schema import ApiError
-from evaluation.serving_metrics import GENERATION_ROUTES, log_access, now_ms, route_label
+from serving.api_schema import ApiError
+from serving.metrics import GENERATION_ROUTES, log_access, now_ms, route_label
 
 log = logging.getLogger("mlops.serve")
 REQUEST_ID = "X-Request-ID"
@@ -83,7 +83,7 @@ class ServingMiddleware:
                 await reply(send_with_ids, rid, body)
                 return
             if path.startswith(MODEL_ROUTES):
-                from evaluation.slot import SlotError
+                from serving.slot import SlotError
 
                 if ctx.canary is not None and path in GENERATION_ROUTES:
                     serving = ctx.canary.acquire(rid)
@@ -131,7 +131,7 @@ class ServingMiddleware:
             return
         try:
             if ctx.request_log is not None:
-                from evaluation.serving_log import answered_row
+                from serving.request_log import answered_row
 
                 ctx.request_log.submit(answered_row(ctx.log_model or ctx.slot.name, record, serving, capture))
             if (ctx.shadow is not None and record["status"] == 200 and record["role"] == "user" and not record.get("failed")

@@ -6,7 +6,7 @@ scoring round and a generation slice while both kinds wait, and schedules fairly
 - a scoring round takes prompts from every waiting request in turn, each at most its share of the token
   budget (`max_batch_tokens`), so a request with a hundred long prompts does not hold the queue;
 - a generation slice decodes at most `max_gen_batch` rows (and about `max_batch_tokens` tokens of context)
-  for `slice_steps` steps when others wait; then waiting rows join or take turns (evaluation.decoding).
+  for `slice_steps` steps when others wait; then waiting rows join or take turns (serving.engines.hf.decoding).
 
 A failing batch never fails its neighbours: the worker retries the members alone and fails only the one
 that fails alone. Cancelled jobs (the client went away) are dropped between steps.
@@ -23,78 +23,53 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from serving.engine import (  # noqa: F401 - the shared types, re-exported for the engine's callers
+    EngineClosed,
+    EngineSpec,
+    Generated,
+    GenerationHandle,
+    GenParams,
+    Scored,
+    TokenizerInfo,
+    default_threads,
+)
+
 log = logging.getLogger("mlops.serve")
 
 
-@dataclass
-class Scored:
-    """Echo result for one prompt: a logprob per prompt token (first is None) plus one greedy next token."""
-
-    tokens: list[int]
-    token_logprobs: list[float | None]
-    top_logprobs: list[dict[int, float] | None]
-
-
-@dataclass
-class GenParams:
-    max_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    logprobs: int | None = None
-
-
-@dataclass
-class Generated:
-    text: str
-    tokens: list[int]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[int, float]]
-    finish_reason: str  # "stop", "length" or "cancelled"
-
-
-class EngineClosed(RuntimeError):
-    """A job was submitted to an engine that was closed (its worker will never run it)."""
-
-
 @dataclass(eq=False)
-class _Job:
-    kind: str  # "score" or "generate"
-    future: Future
+class _Job(GenerationHandle):
+    kind: str = "generate"  # "score" or "generate"
     prompts: list[list[int]] | None = None
     top_k: int = 1
     ids: list[int] | None = None
     params: GenParams | None = None
     on_text: Callable | None = None
     owner: object = None  # jobs of one request share one turn
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    submitted: float = field(default_factory=time.perf_counter)
-    first_token_at: float | None = None
     next_prompt: int = 0  # scoring progress (worker only)
     results: dict = field(default_factory=dict)
 
-    def dropped(self) -> bool:
-        return self.cancelled.is_set() or self.future.cancelled()
-
 
 class Engine:
-    """A causal LM loaded once, served by a single worker thread."""
+    """A causal LM loaded once, served by a single worker thread (the `hf` engine: the float32 reference)."""
+
+    name = "hf"
 
     def __init__(self, model_dir: Path | str, *, max_batch_tokens: int = 4096, max_gen_batch: int = 8,
                  slice_steps: int = 16, threads: int | None = None) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from evaluation.scheduling import GenerationQueue, ScoringQueue
+        from serving.engines.hf.scheduling import GenerationQueue, ScoringQueue
 
         if threads:
             torch.set_num_threads(threads)
-        self.model_dir = Path(model_dir)
+        self.model_dir = self.model_path = Path(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         self.model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32).eval()
         self.max_batch_tokens, self.max_gen_batch, self.slice_steps = max_batch_tokens, max_gen_batch, slice_steps
         self.eos_ids = _eos_ids(self.tokenizer, self.model)
+        self.vocab_size = len(self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self._labels: dict[int, str] = {}
         self._pieces: dict[int, str] = {}
@@ -120,14 +95,14 @@ class Engine:
 
     def score(self, prompts: list[list[int]], top_k: int = 1, owner: object = None) -> Future:
         """Future of list[Scored], one per prompt, in order; cancelling it drops the work not yet done."""
-        job = _Job("score", Future(), prompts=prompts, top_k=max(1, top_k), owner=owner)
+        job = _Job(kind="score", prompts=prompts, top_k=max(1, top_k), owner=owner)
         self._submit(job)
         return job.future
 
     def generate(self, ids: list[int], params: GenParams, on_text: Callable | None = None,
                  owner: object = None) -> _Job:
         """Queue a generation; the job's future yields `Generated`; `on_text` gets `decoding.Delta`s."""
-        job = _Job("generate", Future(), ids=ids, params=params, on_text=on_text, owner=owner)
+        job = _Job(kind="generate", ids=ids, params=params, on_text=on_text, owner=owner)
         self._submit(job)
         return job
 
@@ -176,6 +151,25 @@ class Engine:
         busy = self.queue_depth() > 0 or self._generating.batch is not None
         return busy and time.monotonic() - self.last_progress > seconds
 
+    def tokenize(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenize(text)
+
+    def chat_template(self) -> str | None:
+        from mlops.profile import template_of
+
+        return template_of(self.model_dir)
+
+    def tokenizer_info(self) -> TokenizerInfo:
+        tok = self.tokenizer
+        return TokenizerInfo(type(tok).__name__, tok.eos_token, tok.bos_token, tok.pad_token, len(tok))
+
     def token_piece(self, token_id: int) -> str:
         """A token decoded on its own (cached): part of a character decodes as U+FFFD."""
         piece = self._pieces.get(token_id)
@@ -184,7 +178,7 @@ class Engine:
         return piece
 
     def token_bytes(self, token_id: int) -> list[int]:
-        from evaluation.detokenize import token_bytes
+        from serving.engines.hf.detokenize import token_bytes
 
         raw = token_bytes(self.tokenizer, token_id)
         return list(raw) if raw is not None else list(self.token_piece(token_id).encode("utf-8"))
@@ -193,7 +187,7 @@ class Engine:
         """A token on its own, for `top_logprobs` keys (partial characters spelled as bytes)."""
         label = self._labels.get(token_id)
         if label is None:
-            from evaluation.detokenize import token_label
+            from serving.engines.hf.detokenize import token_label
 
             label = self._labels[token_id] = token_label(self.tokenizer, token_id)
         return label
@@ -225,8 +219,8 @@ class Engine:
 
     def _intake(self, block: bool) -> bool:
         """Move new jobs into the worker's queues; False once closed and idle."""
-        from evaluation.decoding import Row
-        from evaluation.scheduling import settle
+        from serving.engines.hf.decoding import Row
+        from serving.engines.hf.scheduling import settle
 
         while True:
             try:
@@ -250,18 +244,10 @@ class Engine:
         return bool(self._generating.waiting or self._scoring.jobs or not self._inbox.empty())
 
 
-def default_threads() -> int:
-    """Compute threads for a server: every core but one, left to its clients (lm-eval, load generators).
-
-    On a busy machine, an OpenMP team wider than the cores it actually gets stalls at every barrier, which
-    costs far more than the parallelism gains (measured: 2 threads 5-15x slower than 1 on a loaded 2-core box).
-    """
-    import os
-
-    env = os.environ.get("MLOPS_SERVE_THREADS", "").strip()
-    if env.isdigit() and int(env) > 0:
-        return int(env)
-    return max(1, (os.cpu_count() or 2) - 1)
+def build(model_path: Path, spec: EngineSpec) -> Engine:
+    """The `hf` engine from the registry's spec (an HF model folder)."""
+    return Engine(model_path, threads=spec.threads, max_batch_tokens=spec.max_batch_tokens,
+                  max_gen_batch=spec.max_batch_rows, slice_steps=spec.slice_steps)
 
 
 def _eos_ids(tokenizer, model) -> set[int]:

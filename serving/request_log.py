@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 from pydantic import Field
 
-from evaluation.api_schema import _Strict, parse_body
 from mlops.requestlog import Feedback, LoggedRequest
+from serving.api_schema import _Strict, parse_body
 
 log = logging.getLogger("mlops.serve")
 PRUNE_EVERY_S = 86400.0
@@ -40,7 +40,7 @@ def parse_feedback(raw: bytes | None, source: str | None) -> Feedback:
     return Feedback(body.request_id, body.rating, correction=correction, source=source)
 
 
-def request_messages(prep, tokenizer):
+def request_messages(prep, engine):
     """A prepared request's prompt as chat messages, as the log stores it (the client's messages, without the
     profile's system prompt). Token-id prompts are decoded later, on the writer's thread."""
     body = prep.body
@@ -51,7 +51,7 @@ def request_messages(prep, tokenizer):
     if body.prompt and isinstance(body.prompt[0], str):
         return [{"role": "user", "content": p} for p in body.prompt]
     ids = [list(p) for p in prep.prompts]
-    return lambda: [{"role": "user", "content": tokenizer.decode(p)} for p in ids]
+    return lambda: [{"role": "user", "content": engine.detokenize(p)} for p in ids]
 
 
 def answered_row(model: str, record: dict, serving, capture: dict) -> LoggedRequest:

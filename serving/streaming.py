@@ -11,8 +11,8 @@ import json
 import logging
 import time
 
-from evaluation.completions import Prepared, View, usage
-from evaluation.logprobs import chat_logprobs, offsets, top_dicts
+from serving.completions import Prepared, View, usage
+from serving.logprobs import chat_logprobs, offsets, top_dicts
 
 log = logging.getLogger("mlops.serve")
 

@@ -14,21 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from evaluation.detokenize import IncrementalText
-
-
-@dataclass
-class Delta:
-    """Text streamed to a client, with the tokens whose text it completes."""
-
-    text: str
-    tokens: list[int]
-    logprobs: list[float]
-    top_logprobs: list[dict[int, float]]
-    token_texts: list[str]
-
-    def __str__(self) -> str:
-        return self.text
+from serving.engine import Delta  # noqa: F401 - re-exported
+from serving.engines.hf.detokenize import IncrementalText
 
 
 @dataclass(eq=False)
@@ -106,7 +93,7 @@ class Row:
             self.job.on_text(delta)
 
     def result(self):
-        from evaluation.generation import Generated
+        from serving.engines.hf.engine import Generated
 
         if not self.cut:  # an incomplete character at the very end is kept as the decoder gives it
             self.text += self.decoder.flush()

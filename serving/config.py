@@ -1,4 +1,4 @@
-"""The `serve:` config section: limits, scheduling, shutdown and auth of `mlops serve`. Owned by evaluation."""
+"""The `serve:` config section: engine, limits, scheduling, shutdown and auth of `mlops serve`. Owned by serving."""
 
 from __future__ import annotations
 
@@ -57,7 +57,34 @@ class ShadowConfig(StrictModel):
         return name
 
 
+QUANTIZATIONS = ("f16", "q8_0", "q4_k_m")
+
+
+class LlamaCppConfig(StrictModel):
+    quantization: str = Field("q8_0", description="GGUF type an HF folder is converted to when served on llamacpp "
+                              "(f16, q8_0, q4_k_m); a .gguf artifact is served as it is")
+    parallel: int = Field(16, ge=1, le=256, description="llama-server slots: generations decoded together")
+    context_per_slot: int | None = Field(None, ge=64, description="KV cache tokens per slot (default: the "
+                                         "profile's max_context)")
+    batch_threads: int | None = Field(None, ge=1, description="threads for prompt processing (default: threads)")
+    start_timeout: float = Field(120.0, gt=0, description="seconds llama-server may take to load the model")
+
+    @field_validator("quantization")
+    @classmethod
+    def _known_quantization(cls, value: str) -> str:
+        if value not in QUANTIZATIONS:
+            from mlops.errors import did_you_mean
+
+            raise ValueError(f"unknown quantization '{value}': {did_you_mean(value, QUANTIZATIONS)}")
+        return value
+
+
 class ServeConfig(StrictModel):
+    engine: str = Field("hf", description="inference engine (`mlops serve --engine`): hf (float32 torch, the "
+                        "reference), llamacpp (llama.cpp on CPU, GGUF), vllm (GPU, its own image)")
+    threads: int | None = Field(None, ge=1, description="compute threads (default: cores - 1, or "
+                                "MLOPS_SERVE_THREADS): a busy neighbour stalls a team as wide as the machine")
+    llamacpp: LlamaCppConfig = Field(default_factory=LlamaCppConfig)
     max_body_bytes: int = Field(4 * 2**20, ge=1024, description="largest request body; bigger ones get 413")
     max_prompts: int = Field(128, ge=1, description="prompts in one /v1/completions request")
     max_request_tokens: int = Field(
@@ -78,3 +105,12 @@ class ServeConfig(StrictModel):
     auth: AuthConfig = Field(default_factory=AuthConfig)
     request_log: RequestLogConfig = Field(default_factory=RequestLogConfig)
     shadow: ShadowConfig = Field(default_factory=ShadowConfig)
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, name: str) -> str:
+        from serving.engine import ENGINES, engine_names
+
+        if name not in engine_names():
+            ENGINES.get(name)  # unknown: "did you mean ...? available: ..."
+        return name

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluation.serving_canary import sampled
+from serving.canary import sampled
 
 log = logging.getLogger("mlops.serve")
 
@@ -49,7 +49,7 @@ class ShadowRunner:
 
     def __init__(self, slot, *, share: float, queue_size: int = 16, timeout: float = 120.0,
                  idle_ms: float = 50.0) -> None:
-        self.slot = slot  # evaluation.slot.ModelSlot holding the candidate
+        self.slot = slot  # serving.slot.ModelSlot holding the candidate
         self.share, self.timeout, self.idle_s = share, timeout, idle_ms / 1000
         self._last_busy = 0.0
         self.counts: dict[str, int] = {}
@@ -169,11 +169,11 @@ class ShadowRunner:
             self._done()
 
     def _answer(self, offer: _Offer) -> None:
-        from evaluation.api_schema import ApiError
-        from evaluation.completions import View, prepare_chat, prepare_completion
-        from evaluation.serving_log import log_version, request_messages
-        from evaluation.slot import SlotError
         from mlops.requestlog import LoggedRequest
+        from serving.api_schema import ApiError
+        from serving.completions import View, prepare_chat, prepare_completion
+        from serving.request_log import log_version, request_messages
+        from serving.slot import SlotError
 
         ctx = self._ctx
         try:
@@ -194,7 +194,7 @@ class ShadowRunner:
                 row.status, row.error = err.status, err.message
                 self._finish(row, "failed")
                 return
-            row.messages, row.tokens_in = request_messages(prep, serving.engine.tokenizer), len(prep.prompts[0])
+            row.messages, row.tokens_in = request_messages(prep, serving.engine), len(prep.prompts[0])
             self._generate(serving, prep, row)
         finally:
             self.slot.release(serving)

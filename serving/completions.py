@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from evaluation.api_schema import ApiError, ChatRequest, CompletionRequest, parse_body
-from evaluation.generation import GenParams
+from serving.api_schema import ApiError, ChatRequest, CompletionRequest, parse_body
+from serving.engine import GenParams
 
 
 class View:
@@ -20,7 +20,7 @@ class View:
     def __init__(self, name: str, serving, config) -> None:
         self.name, self.serving, self.config = name, serving, config
         self.engine, self.profile = serving.engine, serving.profile
-        self.vocab = len(self.engine.tokenizer)
+        self.vocab = self.engine.vocab_size
 
     def check_model(self, requested: str | None) -> None:
         if requested is not None and requested != self.name:
@@ -95,7 +95,7 @@ def prepare_completion(view: View, raw: bytes) -> Prepared:
 
 
 def _prompts(view: View, body: CompletionRequest) -> list[list[int]]:
-    prompt, tok = body.prompt, view.engine.tokenizer
+    prompt = body.prompt
     if isinstance(prompt, str):
         prompts = [prompt]
     elif not prompt:
@@ -109,7 +109,7 @@ def _prompts(view: View, body: CompletionRequest) -> list[list[int]]:
                        f"{view.config.max_prompts} (serve.max_prompts).", param="prompt", code="request_too_large")
     out = []
     for i, item in enumerate(prompts):
-        ids = item if isinstance(item, list) else tok(item, add_special_tokens=False).input_ids
+        ids = item if isinstance(item, list) else view.engine.tokenize(item)
         if not ids:
             raise ApiError(400, f"prompt {i} is empty (no tokens); send at least one token.", param="prompt")
         out.append(view.check_ids(ids, "prompt"))
@@ -137,9 +137,7 @@ def chat_ids(view: View, body: ChatRequest) -> list[int]:
     messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
     if view.profile.system_prompt and messages[0]["role"] != "system":
         messages.insert(0, {"role": "system", "content": view.profile.system_prompt})
-    tok = view.engine.tokenizer
-    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tok(text, add_special_tokens=False).input_ids
+    return view.engine.chat_prompt(messages)
 
 
 def usage(prompt: int, completion: int) -> dict:
@@ -150,7 +148,7 @@ async def run(view: View, prep: Prepared, request, rid: str):
     """Run a prepared request on the engine; None when the client went away (its work is cancelled)."""
     from starlette.concurrency import run_in_threadpool
 
-    from evaluation.serving_http import until_done
+    from serving.http import until_done
 
     engine, body, owner = view.engine, prep.body, object()  # owner: this request's fair share
     scoring = not prep.chat and body.echo
@@ -174,12 +172,12 @@ async def run(view: View, prep: Prepared, request, rid: str):
 
 
 def _completion_body(view: View, prep: Prepared, scored: list, gens: list, rid: str) -> dict:
-    from evaluation.logprobs import completion_logprobs
+    from serving.logprobs import completion_logprobs
 
     engine, body = view.engine, prep.body
     choices, completion_tokens = [], 0
     for index, (ids, score, gen) in enumerate(zip(prep.prompts, scored, gens, strict=True)):
-        prompt_text = engine.tokenizer.decode(ids) if body.echo else ""
+        prompt_text = engine.detokenize(ids) if body.echo else ""
         if gen is None:  # scoring: the one generated token is the greedy one
             new_text, finish, completion_tokens = engine.token_piece(score.tokens[-1]), "length", completion_tokens + 1
         else:
@@ -193,7 +191,7 @@ def _completion_body(view: View, prep: Prepared, scored: list, gens: list, rid: 
 
 
 def _chat_body(view: View, prep: Prepared, _scored: list, gens: list, rid: str) -> dict:
-    from evaluation.logprobs import chat_logprobs
+    from serving.logprobs import chat_logprobs
 
     gen = gens[0]
     choice = {"index": 0, "message": {"role": "assistant", "content": gen.text}, "logprobs": None,

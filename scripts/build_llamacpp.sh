@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Builds llama.cpp once per machine from the sources that the llama-cpp-python sdist vendors (PyPI is the only
+# source), and installs the bindings into the venv against that one build: llama-server, llama-quantize,
+# the GGUF converter and libllama all come from the same llama.cpp commit.
+# Usage: scripts/build_llamacpp.sh VENV_PYTHON
+# The build is cached under $MLOPS_LLAMACPP_CACHE (default ~/.cache/mlops-llm): a second venv, a fresh clone
+# or CI on the same machine install in seconds. Nothing is downloaded by cmake (UI, curl and OpenSSL are off).
+set -euo pipefail
+PY=${1:?usage: build_llamacpp.sh VENV_PYTHON}
+VERSION=0.3.36
+FLAGS="-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=ON \
+-DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
+-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH=\$ORIGIN"
+KEY=$(printf '%s %s' "$VERSION" "$FLAGS" | sha256sum | cut -c1-10)
+ROOT=${MLOPS_LLAMACPP_CACHE:-$HOME/.cache/mlops-llm}/llama.cpp-$VERSION-$KEY
+SRC=$ROOT/src
+BIN=$ROOT/build/bin
+
+if [ ! -f "$ROOT/.built" ]; then
+  echo "llama.cpp $VERSION: one-time build into $ROOT (about 15-25 min on 2 cores; cached afterwards)"
+  rm -rf "$ROOT" && mkdir -p "$ROOT"
+  "$PY" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$ROOT/dl"
+  tar xzf "$ROOT/dl/llama_cpp_python-$VERSION.tar.gz" -C "$ROOT"
+  mv "$ROOT/llama_cpp_python-$VERSION" "$SRC"
+  # shellcheck disable=SC2086
+  cmake -S "$SRC/vendor/llama.cpp" -B "$ROOT/build" -G "$(command -v ninja >/dev/null && echo Ninja || echo 'Unix Makefiles')" $FLAGS >"$ROOT/cmake.log"
+  cmake --build "$ROOT/build" -j"$(nproc)" --target llama-server llama-quantize llama ggml >"$ROOT/build.log"
+  touch "$ROOT/.built"
+fi
+
+# The bindings without their own copy of llama.cpp (LLAMA_BUILD=OFF: a pure-Python wheel), then our libraries.
+if ! "$PY" -c "import llama_cpp" 2>/dev/null; then
+  CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" "$PY" -m pip install -q "$SRC"
+  LIB=$("$PY" -c "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('llama_cpp').origin).parent / 'lib')")
+  mkdir -p "$LIB" && cp -a "$BIN"/lib*.so* "$LIB"/
+fi
+# Where the engine finds the binaries and the converter (read by serving/engines/llamacpp_build.py).
+VENV=$(dirname "$(dirname "$PY")")
+printf '{"version": "%s", "root": "%s", "bin": "%s", "src": "%s"}\n' "$VERSION" "$ROOT" "$BIN" "$SRC/vendor/llama.cpp" \
+  >"$VENV/llamacpp.json"
+"$PY" -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__, 'on', '$BIN')"

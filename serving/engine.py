@@ -1,0 +1,184 @@
+"""The engine contract: what the API layer may ask of an inference engine, and the types they share.
+
+The HTTP layer (server, completions, streaming, shadow, slot) depends on this module only; engines live under
+`serving.engines` and are chosen by name (`ENGINES`, `mlops serve --engine NAME`). An engine owns its model,
+its tokenizer and its scheduler: the API layer sends token ids and `GenParams`, and gets back `Scored` and
+`Generated` results through futures, and `Delta`s while a generation streams.
+
+Token ids are the lingua franca: string prompts are tokenized by the engine without special tokens (as
+lm-eval's `hf` model does), so a loglikelihood is scored on exactly the ids the client meant.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from mlops.plugins import Registry
+
+REPLACEMENT = "\ufffd"  # what part of a multi-byte character decodes to on its own
+
+
+@dataclass
+class Scored:
+    """Echo result for one prompt: a logprob per prompt token (first is None) plus one greedy next token."""
+
+    tokens: list[int]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[int, float] | None]
+
+
+@dataclass
+class GenParams:
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    logprobs: int | None = None
+
+
+@dataclass
+class Generated:
+    text: str
+    tokens: list[int]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[int, float]]
+    finish_reason: str  # "stop", "length" or "cancelled"
+
+
+@dataclass
+class Delta:
+    """Text streamed to a client, with the tokens whose text it completes."""
+
+    text: str
+    tokens: list[int]
+    logprobs: list[float]
+    top_logprobs: list[dict[int, float]]
+    token_texts: list[str]
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass
+class TokenizerInfo:
+    """What /tokenizer_info reports (vLLM's fields)."""
+
+    tokenizer_class: str
+    eos_token: str | None
+    bos_token: str | None
+    pad_token: str | None
+    vocab_size: int
+
+
+@dataclass(eq=False)
+class GenerationHandle:
+    """A queued generation: its future yields `Generated`; `cancel()` stops it at the next token."""
+
+    future: Future = field(default_factory=Future)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def dropped(self) -> bool:
+        return self.cancelled.is_set() or self.future.cancelled()
+
+
+class EngineClosed(RuntimeError):
+    """A job was submitted to an engine that was closed (nothing will ever run it)."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """How to build an engine: its name, the model artifact, and the knobs every engine reads."""
+
+    name: str = "hf"
+    threads: int | None = None
+    max_batch_tokens: int = 4096
+    max_batch_rows: int = 8
+    slice_steps: int = 16
+    options: dict = field(default_factory=dict)  # engine-specific (e.g. llamacpp's parallel slots)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """One loaded model. Every method may be called from any thread unless it says otherwise."""
+
+    name: str  # the engine's registered name ("hf", "llamacpp", "vllm")
+    model_path: Path  # the artifact it loaded (an HF folder, a GGUF file)
+    vocab_size: int
+    # Lower priority (a shadow model): while this returns True the engine stands aside between steps.
+    yield_to: Callable[[], bool] | None
+
+    # -- text <-> ids
+    def tokenize(self, text: str, *, add_special_tokens: bool = False) -> list[int]: ...
+    def detokenize(self, ids: list[int]) -> str: ...
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        """The ids of `messages` under the model's chat template, with the generation prompt appended."""
+    def tokenizer_info(self) -> TokenizerInfo: ...
+    def chat_template(self) -> str | None:
+        """The chat template the engine applies (its hash must match the profile's)."""
+    def token_piece(self, token_id: int) -> str:
+        """A token decoded on its own (part of a character decodes as U+FFFD)."""
+    def token_text(self, token_id: int) -> str:
+        """A token as a `top_logprobs` key (partial characters spelled `bytes:\\xNN`)."""
+    def token_bytes(self, token_id: int) -> list[int]: ...
+
+    # -- work
+    def score(self, prompts: list[list[int]], top_k: int = 1, owner: object = None) -> Future:
+        """Future of list[Scored], one per prompt, in order; cancelling it drops the work not yet done."""
+    def generate(self, ids: list[int], params: GenParams, on_text: Callable[[Delta], None] | None = None,
+                 owner: object = None) -> GenerationHandle: ...
+
+    # -- health
+    def alive(self) -> bool: ...
+    def busy(self) -> bool: ...
+    def queue_depth(self) -> int: ...
+    def stalled(self, seconds: float) -> bool: ...
+    def yielded(self) -> float:
+        """Seconds spent standing aside for `yield_to` so far."""
+    def close(self, timeout: float = 10.0) -> None: ...
+
+
+def default_threads() -> int:
+    """Compute threads for a server: every core but one, left to its clients (lm-eval, load generators).
+
+    On a busy machine, an OpenMP team wider than the cores it actually gets stalls at every barrier, which
+    costs far more than the parallelism gains (measured: 2 threads 5-15x slower than 1 on a loaded 2-core box).
+    """
+    import os
+
+    env = os.environ.get("MLOPS_SERVE_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
+EngineFactory = Callable[[Path, EngineSpec], Engine]
+ENGINES: Registry[EngineFactory] = Registry("serving engine")
+
+
+def _load_builtin() -> None:
+    # The built-in engines register on first use: importing one loads nothing heavy (torch, llama_cpp).
+    if "hf" not in ENGINES:
+        import serving.engines  # noqa: F401
+
+
+def engine_names() -> list[str]:
+    _load_builtin()
+    return ENGINES.names()
+
+
+def build_engine(model_path: Path | str, spec: EngineSpec) -> Engine:
+    """The engine `spec.name` names, loaded from `model_path`; an unknown name lists the available ones."""
+    _load_builtin()
+    return ENGINES.get(spec.name)(Path(model_path), spec)
