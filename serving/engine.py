@@ -118,6 +118,8 @@ class Engine(Protocol):
     vocab_size: int
     # Lower priority (a shadow model): while this returns True the engine stands aside between steps.
     yield_to: Callable[[], bool] | None
+    # Told (kind "score" or "generate", rows, tokens) for each batch the engine runs (metrics).
+    observer: Callable[[str, int, int], None] | None
 
     # -- text <-> ids
     def tokenize(self, text: str, *, add_special_tokens: bool = False) -> list[int]: ...

@@ -62,6 +62,45 @@ def tiny_model(model_cache) -> dict:
     return import_base_model("tiny", root=model_cache)
 
 
+@pytest.fixture(scope="session")
+def tiny_gguf(tiny_model, model_cache) -> Path:
+    """The tiny model as an f16 GGUF, converted by llama.cpp's own converter (once per cache)."""
+    from serving.engines.llamacpp.artifact import gguf_for
+    from serving.engines.llamacpp.install import LlamaCppMissing
+
+    try:
+        return gguf_for(Path(tiny_model["path"]), "f16", out_dir=model_cache.parent / "gguf")
+    except LlamaCppMissing as err:
+        if in_ci():
+            pytest.fail(f"{err} Under CI=true the llamacpp engine tests may not skip.")
+        pytest.skip(str(err))
+
+
+def build_test_engine(name: str, tiny_model: dict, tiny_gguf_path: Path | None = None, **options):
+    """A small engine of `name` on the tiny model: `hf` on its folder, `llamacpp` on its f16 GGUF."""
+    from serving.engine import EngineSpec, build_engine
+
+    if name == "hf":
+        return build_engine(tiny_model["path"], EngineSpec("hf"))
+    opts = {"parallel": 4, "context_per_slot": 512, **options}
+    return build_engine(tiny_gguf_path, EngineSpec("llamacpp", threads=1, options=opts))
+
+
+@pytest.fixture(scope="module", params=["hf", "llamacpp"])
+def engine_name(request) -> str:
+    """Each engine in turn: a module using it runs its tests on `hf` and on `llamacpp`."""
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def any_engine(engine_name, tiny_model, request):
+    """An engine of `engine_name` on the tiny model, shared by the module, closed at its end."""
+    gguf = request.getfixturevalue("tiny_gguf") if engine_name == "llamacpp" else None
+    engine = build_test_engine(engine_name, tiny_model, gguf)
+    yield engine
+    engine.close()
+
+
 @pytest.fixture
 def postgres_url() -> str:
     """A fresh PostgreSQL database for this test (SQLAlchemy URL); dropped afterwards."""

@@ -11,12 +11,9 @@ from mlops.profile import load_profile
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model):
-    from serving.engines.hf.engine import Engine
-
-    eng = Engine(tiny_model["path"])
-    yield eng
-    eng.close()
+def engine(any_engine):
+    """Each engine in turn (`hf`, `llamacpp`): the guarantees here hold on every engine."""
+    return any_engine
 
 
 @pytest.fixture

@@ -14,12 +14,9 @@ from serving.engines.hf.detokenize import REPLACEMENT
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model):
-    from serving.engines.hf.engine import Engine
-
-    eng = Engine(tiny_model["path"])
-    yield eng
-    eng.close()
+def engine(any_engine):
+    """Each engine in turn (`hf`, `llamacpp`): the guarantees here hold on every engine."""
+    return any_engine
 
 
 @pytest.fixture(scope="module")

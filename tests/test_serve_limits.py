@@ -13,13 +13,13 @@ from mlops.profile import load_profile
 
 
 @pytest.fixture(scope="module")
-def served(tiny_model):
+def served(tiny_model, any_engine):
+    """A real server on each engine in turn (`hf`, `llamacpp`)."""
     from serving.config import ServeConfig
-    from serving.engines.hf.engine import Engine
     from serving.server import create_app
     from serving.testing import serve_in_thread
 
-    engine = Engine(tiny_model["path"])
+    engine = any_engine
     app = create_app(tiny_model["path"], load_profile(tiny_model["path"]), model_name="tiny", engine=engine,
                      config=ServeConfig(max_body_bytes=64 * 1024))
     with serve_in_thread(app) as url:
@@ -52,15 +52,15 @@ def test_tokenization_runs_off_the_event_loop_so_health_answers_meanwhile(served
 
     url, engine = served
     inside, release = threading.Event(), threading.Event()
-    real = type(engine.tokenizer).__call__
+    real = engine.tokenize
 
-    def slow_tokenizer(self, text, *args, **kwargs):
+    def slow_tokenizer(text, *args, **kwargs):
         if isinstance(text, str) and text.startswith("SLOW"):
             inside.set()
             release.wait(30)
-        return real(self, text, *args, **kwargs)
+        return real(text, *args, **kwargs)
 
-    monkeypatch.setattr(type(engine.tokenizer), "__call__", slow_tokenizer)
+    monkeypatch.setattr(engine, "tokenize", slow_tokenizer)
     result: dict = {}
     worker = threading.Thread(target=lambda: result.setdefault("r", httpx.post(
         f"{url}/tokenize", json={"prompt": "SLOW " * 1000}, timeout=60)))

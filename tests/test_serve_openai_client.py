@@ -1,4 +1,5 @@
-"""The official `openai` client against a real uvicorn server, unchanged: completions, chat, streaming."""
+"""The official `openai` client against a real uvicorn server, unchanged: completions, chat, streaming; on every
+engine (`hf` and `llamacpp`)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def base_url(tiny_model):
+def base_url(tiny_model, any_engine):
     from mlops.profile import load_profile
     from serving.server import create_app
     from serving.testing import serve_in_thread
 
-    app = create_app(tiny_model["path"], load_profile(tiny_model["path"]), model_name="tiny")
+    profile = load_profile(tiny_model["path"]).model_copy(update={"max_context": 512})
+    app = create_app(tiny_model["path"], profile, model_name="tiny", engine=any_engine)
     with serve_in_thread(app) as url:
         yield url + "/v1"
 

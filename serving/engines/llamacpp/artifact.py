@@ -1,0 +1,80 @@
+"""The deployment artifact: an HF model folder converted to GGUF and quantized by llama.cpp's own tools.
+
+Conversion is keyed on the folder's content id, the quantization and the llama.cpp build, so a rerun (or a
+second server of the same version) reuses the file; a half-written file never takes the final name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from mlops.errors import ConfigError, MLOpsError
+from serving.config import QUANTIZATIONS
+from serving.engines.llamacpp.install import LlamaCppInstall, find_install
+
+log = logging.getLogger("mlops.serve")
+GGUF_TYPES = {"f16": "F16", "q8_0": "Q8_0", "q4_k_m": "Q4_K_M"}  # our names -> llama-quantize's
+
+
+class ConversionError(MLOpsError):
+    """llama.cpp's converter or quantizer failed."""
+
+
+def artifact_dir() -> Path:
+    from mlops.paths import mlops_dir
+
+    return Path(os.environ.get("MLOPS_GGUF_DIR", "").strip() or mlops_dir() / "gguf")
+
+
+def gguf_for(model_path: Path, quantization: str, *, out_dir: Path | None = None,
+             install: LlamaCppInstall | None = None) -> Path:
+    """The GGUF to serve for `model_path`: itself when it is one, else its cached conversion."""
+    model_path = Path(model_path)
+    if model_path.is_file() and model_path.suffix == ".gguf":
+        return model_path
+    if quantization not in QUANTIZATIONS:
+        raise ConfigError(f"quantization '{quantization}' is not one of {', '.join(QUANTIZATIONS)}. Fix: set "
+                          "serve.llamacpp.quantization to one of them.")
+    if not (model_path / "config.json").is_file():
+        raise ConfigError(f"{model_path} is neither a .gguf file nor an HF model folder (no config.json). Fix: "
+                          "serve a registered model version or a GGUF file.")
+    from mlops.model_refs import model_content_id
+
+    install = install or find_install()
+    target = (out_dir or artifact_dir()) / f"{model_content_id(model_path)}-{install.version}" / \
+        f"model-{quantization}.gguf"
+    if target.is_file():
+        return target
+    convert(model_path, target, quantization, install)
+    return target
+
+
+def convert(model_path: Path, target: Path, quantization: str, install: LlamaCppInstall) -> Path:
+    """HF folder -> f16 GGUF (convert_hf_to_gguf.py) -> `quantization` (llama-quantize), atomically."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    f16 = target.with_name("model-f16.gguf")
+    if not f16.is_file():
+        tmp = f16.with_suffix(".partial")
+        env = {**os.environ, "PYTHONPATH": str(install.src / "gguf-py"), "HF_HUB_OFFLINE": "1"}
+        _run([sys.executable, str(install.converter), str(model_path), "--outtype", "f16", "--outfile", str(tmp)],
+             env, f"converting {model_path} to GGUF")
+        tmp.replace(f16)
+    if quantization != "f16":
+        tmp = target.with_suffix(".partial")
+        _run([str(install.quantize), str(f16), str(tmp), GGUF_TYPES[quantization]], None,
+             f"quantizing {f16} to {quantization}")
+        tmp.replace(target)
+    log.info("GGUF artifact %s (%s) from %s", target, quantization, model_path)
+    return target
+
+
+def _run(cmd: list[str], env: dict | None, what: str) -> None:
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
+        raise ConversionError(f"llama.cpp failed {what} (exit {done.returncode}):\n{tail}")
+

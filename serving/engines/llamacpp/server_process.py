@@ -1,0 +1,79 @@
+"""`llama-server` as a child process on a free loopback port: started, health-checked, stopped with its owner.
+
+Only our gateway talks to it (127.0.0.1, no key of its own); its log goes to a file beside the model's cache
+so a failure to start can be quoted in the error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from mlops.errors import MLOpsError
+
+log = logging.getLogger("mlops.serve")
+
+
+class LlamaServerError(MLOpsError):
+    """llama-server did not start, or died."""
+
+
+class LlamaServer:
+    def __init__(self, binary: Path, gguf: Path, *, threads: int, batch_threads: int, parallel: int,
+                 ctx_per_slot: int, start_timeout: float = 120.0) -> None:
+        from mlops.files import free_port
+
+        self.gguf, self.port = gguf, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
+        cmd = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port),
+               "-t", str(threads), "-tb", str(batch_threads), "-np", str(parallel),
+               "-c", str(parallel * ctx_per_slot), "--cont-batching", "--no-webui", "--metrics",
+               "--no-warmup", "-lv", "2"]
+        # Its own process group: a SIGINT meant for `mlops serve` must not kill it before we drain.
+        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      start_new_session=True)
+        self._wait_ready(start_timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise LlamaServerError(f"llama-server exited with {self._proc.returncode} while loading {self.gguf}:"
+                                       f"\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise LlamaServerError(f"llama-server did not load {self.gguf} within {timeout:.0f} s "
+                               f"(serve.llamacpp.start_timeout):\n{self.log_tail()}")
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def log_tail(self, lines: int = 12) -> str:
+        try:
+            return "\n".join(Path(self._log.name).read_text(errors="replace").strip().splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._proc.poll() is None:
+            os.killpg(self._proc.pid, signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+                self._proc.wait()
+        self._log.close()
+        Path(self._log.name).unlink(missing_ok=True)
