@@ -6,11 +6,17 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from serving.testing import canary_start, canary_stop
 
 
-def test_canary_takes_its_share_labelled_and_counted_per_version_then_unloads(mlops_home, tiny_model, tmp_path):
+@pytest.mark.parametrize("engine", ["hf", "llamacpp"])
+def test_canary_takes_its_share_labelled_and_counted_per_version_then_unloads(mlops_home, tiny_model, tmp_path, engine,
+                                                                              request):
     import httpx
+
+    from serving.config import ServeConfig
 
     from mlops.model_refs import resolve_model_ref
     from mlops.requestlog import read_requests
@@ -31,8 +37,11 @@ def test_canary_takes_its_share_labelled_and_counted_per_version_then_unloads(ml
     release_version(who, "bot", v1)
     main = resolve_model_ref(f"models:/bot/{v1}")
     writer = RequestLogWriter(flush_seconds=0.05)
+    if engine == "llamacpp":
+        request.getfixturevalue("tiny_gguf")  # llama.cpp is built (or the test says why not)
+    config = ServeConfig(engine=engine, llamacpp={"quantization": "f16", "parallel": 2, "context_per_slot": 512})
     app = create_app(main.hf_dir, main.profile(), model_name="bot@production", version=v1, request_log=writer,
-                     log_model="bot")
+                     log_model="bot", config=config)
     follower = Follower("bot", "production", None).attach(app.state.slot, canary=app.state.canary)
     ids = [f"req-{i}" for i in range(16)]
     body = {"messages": [{"role": "user", "content": "Where is my order?"}], "max_tokens": 2}

@@ -13,14 +13,15 @@ import time
 import pytest
 
 
-def _start(model: str, log_path, drain: float):
+def _start(model: str, log_path, drain: float, engine: str = "hf", gguf_dir=None):
     from serving.process import free_port
 
     port = free_port()
     log = open(log_path, "wb")  # noqa: SIM115 - closed by the caller after the process ends
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **({"MLOPS_GGUF_DIR": str(gguf_dir)} if gguf_dir else {})}
     proc = subprocess.Popen([sys.executable, "-m", "mlops", "serve", "--model", model, "--no-auth", "--port", str(port),
-                             "--drain-timeout", str(drain)], stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                             "--drain-timeout", str(drain), "--engine", engine, "serve.llamacpp.quantization=f16"],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     import httpx
 
@@ -53,10 +54,19 @@ def _stream(url: str, max_tokens: int, out: dict, first: threading.Event) -> Non
     out["events"] = events
 
 
+def _llama_servers() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "llama-server"}
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("engine", ["hf", "llamacpp"])
 def test_sigterm_drains_running_requests_exits_zero_and_the_drain_timeout_cuts_the_rest(tiny_model, mlops_home,
-                                                                                       tmp_path):
-    proc, url, log = _start(tiny_model["path"], tmp_path / "clean.log", drain=60)
+                                                                                       tmp_path, engine, request):
+    gguf_dir = request.getfixturevalue("tiny_gguf").parent.parent if engine == "llamacpp" else None
+    before = _llama_servers()
+    proc, url, log = _start(tiny_model["path"], tmp_path / "clean.log", drain=60, engine=engine, gguf_dir=gguf_dir)
     out, first = {}, threading.Event()
     client = threading.Thread(target=_stream, args=(url, 400, out, first))
     client.start()
@@ -70,7 +80,7 @@ def test_sigterm_drains_running_requests_exits_zero_and_the_drain_timeout_cuts_t
     assert json.loads(out["events"][-2])["choices"][0]["finish_reason"] in ("stop", "length")
     assert "AUTH IS OFF" in text and "drained cleanly" in text
 
-    proc, url, log = _start(tiny_model["path"], tmp_path / "cut.log", drain=0.5)
+    proc, url, log = _start(tiny_model["path"], tmp_path / "cut.log", drain=0.5, engine=engine, gguf_dir=gguf_dir)
     out, first = {}, threading.Event()
     client = threading.Thread(target=_stream, args=(url, 2000, out, first))
     client.start()
@@ -83,3 +93,4 @@ def test_sigterm_drains_running_requests_exits_zero_and_the_drain_timeout_cuts_t
     assert time.monotonic() - started < 30
     assert "[DONE]" not in out["events"]
     assert "cut 1 request" in (tmp_path / "cut.log").read_text()
+    assert _llama_servers() <= before  # the engine's own llama-server went with the process

@@ -28,15 +28,23 @@ def _stream(client, url: str, results: list, first_chunk: threading.Event, index
         results[index] = (response.status_code, response.headers.get("x-model-version"), events)
 
 
-def test_swap_under_streaming_load_fails_no_request_and_drains_the_old_engine(tiny_model, profile):
+@pytest.mark.parametrize("engine_name", ["hf", "llamacpp"])
+def test_swap_under_streaming_load_fails_no_request_and_drains_the_old_engine(tiny_model, profile, engine_name,
+                                                                              request, monkeypatch):
     import httpx
 
-    from serving.engines.hf.engine import Engine
+    from serving.config import ServeConfig
     from serving.server import create_app
     from serving.testing import serve_in_thread
+    from tests.conftest import build_test_engine
 
-    old = Engine(tiny_model["path"])
-    app = create_app(tiny_model["path"], profile, model_name="bot", engine=old, version="1")
+    gguf = request.getfixturevalue("tiny_gguf") if engine_name == "llamacpp" else None
+    if gguf is not None:  # the swapped-in version converts the same folder: the cached GGUF
+        monkeypatch.setenv("MLOPS_GGUF_DIR", str(gguf.parent.parent))
+    old = build_test_engine(engine_name, tiny_model, gguf)
+    config = ServeConfig(engine=engine_name, llamacpp={"quantization": "f16", "parallel": 4, "context_per_slot": 512})
+    app = create_app(tiny_model["path"], profile.model_copy(update={"max_context": 512}), model_name="bot",
+                     engine=old, version="1", config=config)
     slot = app.state.slot
     with serve_in_thread(app) as url, httpx.Client() as client:
         results: list = [None] * 4
@@ -46,7 +54,7 @@ def test_swap_under_streaming_load_fails_no_request_and_drains_the_old_engine(ti
             t.start()
         assert all(event.wait(60) for event in started), "not every stream started"
         assert slot.inflight() == 4
-        new = slot.load_and_swap(tiny_model["path"], profile, "2")
+        new = slot.load_and_swap(tiny_model["path"], profile.model_copy(update={"max_context": 512}), "2")
         assert slot.current is new and new.version == "2"
         after = client.post(f"{url}/v1/completions", json={"prompt": "Hello", "max_tokens": 2}, timeout=60)
         for t in threads:

@@ -17,23 +17,31 @@ def profile(tiny_model):
     return load_profile(tiny_model["path"])
 
 
-def _runner(tiny_model, profile, **options):
-    from serving.engines.hf.engine import Engine
+@pytest.fixture(scope="module")
+def engines(engine_name, tiny_model, request):
+    """Makes a fresh engine of `engine_name` (each app closes its own): every test here runs on hf and llamacpp."""
+    from tests.conftest import build_test_engine
+
+    gguf = request.getfixturevalue("tiny_gguf") if engine_name == "llamacpp" else None
+    return lambda: build_test_engine(engine_name, tiny_model, gguf)
+
+
+def _runner(engines, profile, **options):
     from serving.shadow import ShadowRunner
     from serving.slot import ModelSlot
 
     slot = ModelSlot("bot#shadow")
-    slot.swap(Engine(tiny_model["path"]), profile, "2", model_dir=tiny_model["path"])
+    slot.swap(engines(), profile, "2", model_dir=None)
     return ShadowRunner(slot, **{"share": 1.0, **options})
 
 
-def _app(tiny_model, profile, shadow=None):
+def _app(engines, tiny_model, profile, shadow=None):
     from serving.request_log import RequestLogWriter
     from serving.server import create_app
 
     writer = RequestLogWriter(flush_seconds=0.05)
     return create_app(tiny_model["path"], profile, model_name="bot", version="1", request_log=writer,
-                      shadow=shadow, log_model="bot"), writer
+                      shadow=shadow, log_model="bot", engine=engines()), writer
 
 
 CHAT = {"messages": [{"role": "user", "content": "Where is my order 1234?"}], "max_tokens": 8, "temperature": 0}
@@ -49,18 +57,18 @@ def _ask(client) -> list:
                                                            for e in events])]
 
 
-def test_shadow_answers_are_logged_beside_the_users_and_the_users_answer_is_unchanged(mlops_home, tiny_model,
+def test_shadow_answers_are_logged_beside_the_users_and_the_users_answer_is_unchanged(engines, mlops_home, tiny_model,
                                                                                        profile):
     import httpx
 
     from mlops.requestlog import read_requests
     from serving.testing import serve_in_thread
 
-    plain, _ = _app(tiny_model, profile)
+    plain, _ = _app(engines, tiny_model, profile)
     with serve_in_thread(plain) as url, httpx.Client(base_url=url, timeout=60) as client:
         alone = _ask(client)
-    runner = _runner(tiny_model, profile)
-    shadowed, writer = _app(tiny_model, profile, shadow=runner)
+    runner = _runner(engines, profile)
+    shadowed, writer = _app(engines, tiny_model, profile, shadow=runner)
     with serve_in_thread(shadowed) as url, httpx.Client(base_url=url, timeout=60) as client:
         with_shadow = _ask(client)
         assert runner.wait_idle(60) and writer.flush(30)
@@ -82,10 +90,10 @@ def test_shadow_answers_are_logged_beside_the_users_and_the_users_answer_is_unch
     assert 'mlops_serve_shadow_requests_total{outcome="answered",version="2"} 2.0' in metrics
 
 
-def test_the_shadow_engine_makes_no_progress_while_the_user_engine_has_work(tiny_model):
-    from serving.engines.hf.engine import Engine, GenParams
+def test_the_shadow_engine_makes_no_progress_while_the_user_engine_has_work(engines):
+    from serving.engine import GenParams
 
-    engine, user_busy = Engine(tiny_model["path"]), threading.Event()
+    engine, user_busy = engines(), threading.Event()
     engine.yield_to = user_busy.is_set
     try:
         user_busy.set()
@@ -94,20 +102,20 @@ def test_the_shadow_engine_makes_no_progress_while_the_user_engine_has_work(tiny
         assert not job.future.done() and job.first_token_at is None  # stood aside the whole time
         user_busy.clear()
         assert len(job.future.result(timeout=60).tokens) == 4
-        assert engine.yielded_s >= 0.4
+        assert engine.yielded() >= 0.4
     finally:
         engine.close()
 
 
-def test_a_starved_shadow_drops_offers_counted_and_unlogged_while_users_are_served(mlops_home, tiny_model,
+def test_a_starved_shadow_drops_offers_counted_and_unlogged_while_users_are_served(engines, mlops_home, tiny_model,
                                                                                     profile):
     import httpx
 
     from mlops.requestlog import read_requests
     from serving.testing import serve_in_thread
 
-    runner = _runner(tiny_model, profile, queue_size=1, timeout=0.5)
-    app, writer = _app(tiny_model, profile, shadow=runner)
+    runner = _runner(engines, profile, queue_size=1, timeout=0.5)
+    app, writer = _app(engines, tiny_model, profile, shadow=runner)
     runner.slot.current.engine.yield_to = lambda: True  # as if user traffic never stopped: no turn for the shadow
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=60) as client:
         answers = [client.post("/v1/completions", json={"prompt": f"Question {i}", "max_tokens": 2},
@@ -120,7 +128,7 @@ def test_a_starved_shadow_drops_offers_counted_and_unlogged_while_users_are_serv
     assert 'mlops_serve_shadow_requests_total{outcome="dropped_busy",version="2"} 6.0' in metrics
 
 
-def test_a_candidate_slower_than_the_timeout_is_logged_as_its_own_failure(mlops_home, tiny_model, profile):
+def test_a_candidate_slower_than_the_timeout_is_logged_as_its_own_failure(engines, mlops_home, tiny_model, profile):
     import concurrent.futures
 
     import httpx
@@ -132,8 +140,8 @@ def test_a_candidate_slower_than_the_timeout_is_logged_as_its_own_failure(mlops_
         def __init__(self) -> None:
             self.future, self.cancelled, self.first_token_at = concurrent.futures.Future(), threading.Event(), None
 
-    runner = _runner(tiny_model, profile, timeout=0.3)
-    app, writer = _app(tiny_model, profile, shadow=runner)
+    runner = _runner(engines, profile, timeout=0.3)
+    app, writer = _app(engines, tiny_model, profile, shadow=runner)
     runner.slot.current.engine.generate = lambda *_a, **_k: Hung()
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=60) as client:
         answer = client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
@@ -144,15 +152,15 @@ def test_a_candidate_slower_than_the_timeout_is_logged_as_its_own_failure(mlops_
     assert (row["parent_id"], row["status"]) == ("slow-1", 504) and "longer than 0.3 s" in row["error"]
 
 
-def test_the_shadowed_share_is_the_sampled_request_ids(mlops_home, tiny_model, profile):
+def test_the_shadowed_share_is_the_sampled_request_ids(engines, mlops_home, tiny_model, profile):
     import httpx
 
     from mlops.requestlog import read_requests
     from serving.canary import sampled
     from serving.testing import serve_in_thread
 
-    runner = _runner(tiny_model, profile, share=0.3, queue_size=64)
-    app, writer = _app(tiny_model, profile, shadow=runner)
+    runner = _runner(engines, profile, share=0.3, queue_size=64)
+    app, writer = _app(engines, tiny_model, profile, shadow=runner)
     ids = [f"share-{i}" for i in range(30)]
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=60) as client:
         for rid in ids:
@@ -180,7 +188,7 @@ def test_serve_refuses_a_shadow_without_a_share_or_without_a_request_log(mlops_h
     assert "Traceback" not in no_share.stderr + no_log.stderr
 
 
-def test_a_shadow_with_no_candidate_yet_shadows_nothing_until_one_is_swapped_in(mlops_home, tiny_model, profile):
+def test_a_shadow_with_no_candidate_yet_shadows_nothing_until_one_is_swapped_in(engines, mlops_home, tiny_model, profile):
     import httpx
 
     from mlops.requestlog import read_requests
@@ -189,7 +197,7 @@ def test_a_shadow_with_no_candidate_yet_shadows_nothing_until_one_is_swapped_in(
     from serving.testing import serve_in_thread
 
     runner = ShadowRunner(ModelSlot("bot#shadow"), share=1.0)  # `serve --follow --shadow @candidate`, none yet
-    app, writer = _app(tiny_model, profile, shadow=runner)
+    app, writer = _app(engines, tiny_model, profile, shadow=runner)
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=60) as client:
         before = client.post("/v1/chat/completions", json=CHAT, headers={"X-Request-ID": "early"})
         runner.slot.load_and_swap(tiny_model["path"], profile, "2")  # what the follower does on registration
@@ -201,7 +209,7 @@ def test_a_shadow_with_no_candidate_yet_shadows_nothing_until_one_is_swapped_in(
 
 
 def test_serve_follow_starts_with_an_empty_shadow_when_no_candidate_holds_the_alias(mlops_home, monkeypatch):
-    from evaluation import cli
+    from serving import cli
     from registry import follow
     from serving.config import ServeConfig
 

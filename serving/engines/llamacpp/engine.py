@@ -79,6 +79,7 @@ class LlamaCppEngine:
         self.yield_to: Callable[[], bool] | None = None
         self.observer: Callable[[str, int, int], None] | None = None
         self.yielded_s = 0.0
+        self._waiting_since: dict[int, float] = {}  # thread -> when its wait for a turn began
         self.last_progress = time.monotonic()
         self._scorer_thread = threading.Thread(target=self._score_loop, name="llamacpp-score", daemon=True)
         self._scorer_thread.start()
@@ -245,16 +246,23 @@ class LlamaCppEngine:
     # ------------------------------------------------------------------ health and lifecycle
 
     def _wait_turn(self) -> None:
-        if self.yield_to is None:
+        if self.yield_to is None or not self.yield_to():
             return
-        began = time.perf_counter()
+        me = threading.get_ident()
+        with self._inflight_lock:
+            self._waiting_since[me] = began = time.perf_counter()
         while self.yield_to() and not self._closed:
             time.sleep(0.002)
-            self.last_progress = time.monotonic()
-        self.yielded_s += time.perf_counter() - began
+            self.last_progress = time.monotonic()  # waiting by design is not a stall
+        with self._inflight_lock:
+            del self._waiting_since[me]
+            self.yielded_s += time.perf_counter() - began
 
     def yielded(self) -> float:
-        return self.yielded_s
+        """Seconds spent standing aside so far, the waits in progress included (any thread)."""
+        now = time.perf_counter()
+        with self._inflight_lock:
+            return self.yielded_s + sum(now - t for t in self._waiting_since.values())
 
     def alive(self) -> bool:
         return not self._closed and self.server.alive() and self._scorer_thread.is_alive()

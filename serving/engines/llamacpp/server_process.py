@@ -6,6 +6,7 @@ so a failure to start can be quoted in the error.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -40,6 +41,7 @@ class LlamaServer:
         # Its own process group: a SIGINT meant for `mlops serve` must not kill it before we drain.
         self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       start_new_session=True)
+        atexit.register(self.stop)  # a server that exits without closing its engines leaves no llama-server behind
         self._wait_ready(start_timeout)
 
     def _wait_ready(self, timeout: float) -> None:
@@ -68,6 +70,7 @@ class LlamaServer:
             return "(no log)"
 
     def stop(self, timeout: float = 10.0) -> None:
+        atexit.unregister(self.stop)
         if self._proc.poll() is None:
             os.killpg(self._proc.pid, signal.SIGTERM)
             try:
