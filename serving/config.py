@@ -109,8 +109,9 @@ class ServeConfig(StrictModel):
     @field_validator("engine")
     @classmethod
     def _known_engine(cls, name: str) -> str:
-        from serving.engine import ENGINES, engine_names
+        from mlops.errors import did_you_mean
+        from serving.engine import engine_names
 
         if name not in engine_names():
-            ENGINES.get(name)  # unknown: "did you mean ...? available: ..."
+            raise ValueError(f"unknown serving engine '{name}': {did_you_mean(name, engine_names())}")
         return name

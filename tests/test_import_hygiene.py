@@ -31,7 +31,7 @@ def test_cli_with_every_stage_registered_imports_no_heavy_package(tmp_path):
 def test_importing_every_module_writes_nothing(tmp_path):
     code = (
         "import importlib, pkgutil\n"
-        "for pkg in ('mlops', 'training', 'evaluation', 'registry', 'app'):\n"
+        "for pkg in ('mlops', 'training', 'evaluation', 'serving', 'registry', 'app'):\n"
         "    module = importlib.import_module(pkg)\n"
         "    for info in pkgutil.walk_packages(module.__path__, pkg + '.'):\n"
         "        if info.name.endswith('__main__') or info.name.startswith('app.'):\n"
@@ -44,7 +44,7 @@ def test_importing_every_module_writes_nothing(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == []
 
 
-STAGES = ("training", "evaluation", "registry", "app")
+STAGES = ("training", "evaluation", "serving", "registry", "app")
 COMPOSITION_ROOTS = {"mlops/cli.py", "mlops/__main__.py"}
 
 
@@ -83,7 +83,7 @@ def test_import_direction_check_catches_a_function_level_stage_import():
 def test_production_code_imports_no_test_fakes():
     fakes = {"training.testing", "training.sweep.testing", "mlops.data.testing", "serving.testing"}
     offenders = {}
-    for pkg in ("mlops", "training", "evaluation", "registry", "app"):
+    for pkg in ("mlops", "training", "evaluation", "serving", "registry", "app"):
         for path in sorted((REPO / pkg).rglob("*.py")):
             if path.name == "testing.py":
                 continue
@@ -94,3 +94,44 @@ def test_production_code_imports_no_test_fakes():
             if used:
                 offenders[path.relative_to(REPO).as_posix()] = used
     assert offenders == {}, f"production modules import test fakes: {offenders}"
+
+
+def imported_modules(source: str) -> list[str]:
+    """Every module a source imports (top level or inside functions), by walking its AST."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+    return found
+
+
+def test_the_api_layer_depends_on_the_engine_contract_only():
+    """serving/ outside serving/engines/ names engines by their registered name, never by their module."""
+    offenders = {}
+    for path in sorted((REPO / "serving").glob("*.py")):
+        engines = [m for m in imported_modules(path.read_text(encoding="utf-8"))
+                   if m == "serving.engines" or m.startswith("serving.engines.")]
+        if engines and path.name != "engine.py":  # the contract loads the built-in registrations lazily
+            offenders[path.relative_to(REPO).as_posix()] = engines
+    assert offenders == {}, f"API modules import engine modules: {offenders}"
+
+
+def test_evaluation_holds_no_engine_code():
+    """Evaluation reaches models through the served endpoint (lm-eval's API client), never an engine module."""
+    heavy = {"llama_cpp", "vllm"}
+    offenders = {}
+    for path in sorted((REPO / "evaluation").rglob("*.py")):
+        used = [m for m in imported_modules(path.read_text(encoding="utf-8"))
+                if m.startswith("serving.engines") or m.split(".")[0] in heavy]
+        if used:
+            offenders[path.relative_to(REPO).as_posix()] = used
+    assert offenders == {}, f"evaluation modules run models themselves: {offenders}"
+
+
+def test_the_engine_walk_catches_a_function_level_engine_import():
+    source = "def f():\n    from serving.engines.hf.engine import Engine\n    import llama_cpp\n"
+    assert "serving.engines.hf.engine" in imported_modules(source) and "llama_cpp" in imported_modules(source)
