@@ -79,12 +79,22 @@ class LlamaCppConfig(StrictModel):
         return value
 
 
+class VllmConfig(StrictModel):
+    url: str | None = Field(None, description="base URL of the vLLM OpenAI server (its own image, Dockerfile.vllm), "
+                            "e.g. http://vllm:8000; the gateway adds auth, limits, logs and routing in front")
+    model: str | None = Field(None, description="the model name vLLM serves (`--served-model-name`, or a LoRA "
+                              "module name from `--lora-modules`); default: the only one it lists")
+    api_key_env: str = Field("VLLM_API_KEY", description="environment variable holding vLLM's --api-key, if any")
+    timeout_seconds: float = Field(600.0, gt=0, description="longest a request to vLLM may take")
+
+
 class ServeConfig(StrictModel):
     engine: str = Field("hf", description="inference engine (`mlops serve --engine`): hf (float32 torch, the "
                         "reference), llamacpp (llama.cpp on CPU, GGUF), vllm (GPU, its own image)")
     threads: int | None = Field(None, ge=1, description="compute threads (default: cores - 1, or "
                                 "MLOPS_SERVE_THREADS): a busy neighbour stalls a team as wide as the machine")
     llamacpp: LlamaCppConfig = Field(default_factory=LlamaCppConfig)
+    vllm: VllmConfig = Field(default_factory=VllmConfig)
     max_body_bytes: int = Field(4 * 2**20, ge=1024, description="largest request body; bigger ones get 413")
     max_prompts: int = Field(128, ge=1, description="prompts in one /v1/completions request")
     max_request_tokens: int = Field(
@@ -105,6 +115,11 @@ class ServeConfig(StrictModel):
     auth: AuthConfig = Field(default_factory=AuthConfig)
     request_log: RequestLogConfig = Field(default_factory=RequestLogConfig)
     shadow: ShadowConfig = Field(default_factory=ShadowConfig)
+
+    def engine_options(self) -> dict:
+        """The settings of the chosen engine (its own section, when it has one)."""
+        section = getattr(self, self.engine, None)
+        return section.model_dump() if isinstance(section, StrictModel) else {}
 
     @field_validator("engine")
     @classmethod

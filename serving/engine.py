@@ -93,6 +93,16 @@ class GenerationHandle:
         return self.cancelled.is_set() or self.future.cancelled()
 
 
+def settle(future: Future, result=None, error: BaseException | None = None) -> None:
+    """Complete a future once: a future the client cancelled meanwhile stays cancelled."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
 class EngineClosed(RuntimeError):
     """A job was submitted to an engine that was closed (nothing will ever run it)."""
 

@@ -61,7 +61,7 @@ def engine_spec(config: ServeConfig, threads: int | None = None) -> EngineSpec:
     """The engine `serve.engine` names, with the configured batch limits and threads."""
     return EngineSpec(config.engine, threads=threads or config.threads or default_threads(),
                       max_batch_tokens=config.max_batch_tokens, max_batch_rows=config.max_batch_rows,
-                      slice_steps=config.slice_steps, options=config.llamacpp.model_dump())
+                      slice_steps=config.slice_steps, options=config.engine_options())
 
 
 def create_app(model_dir: Path | str, profile: DeploymentProfile, *, model_name: str | None = None, engine=None,

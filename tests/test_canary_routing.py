@@ -16,8 +16,6 @@ def test_canary_takes_its_share_labelled_and_counted_per_version_then_unloads(ml
                                                                               request):
     import httpx
 
-    from serving.config import ServeConfig
-
     from mlops.model_refs import resolve_model_ref
     from mlops.requestlog import read_requests
     from mlops.tracking import init_experiment
@@ -25,6 +23,7 @@ def test_canary_takes_its_share_labelled_and_counted_per_version_then_unloads(ml
     from registry.release import register
     from registry.testing import make_identities, release_version, training_run
     from serving.canary import sampled
+    from serving.config import ServeConfig
     from serving.metrics import version_stats
     from serving.request_log import RequestLogWriter
     from serving.server import create_app

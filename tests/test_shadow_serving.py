@@ -209,8 +209,8 @@ def test_a_shadow_with_no_candidate_yet_shadows_nothing_until_one_is_swapped_in(
 
 
 def test_serve_follow_starts_with_an_empty_shadow_when_no_candidate_holds_the_alias(mlops_home, monkeypatch):
-    from serving import cli
     from registry import follow
+    from serving import cli
     from serving.config import ServeConfig
 
     monkeypatch.setattr(follow.Follower, "target", lambda self, state=None: None)

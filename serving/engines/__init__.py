@@ -24,3 +24,10 @@ def _llamacpp(model_path: Path, spec: EngineSpec) -> Engine:
     from serving.engines.llamacpp.engine import build
 
     return build(model_path, spec)
+
+
+@ENGINES.register("vllm")
+def _vllm(model_path: Path, spec: EngineSpec) -> Engine:
+    from serving.engines.vllm import build
+
+    return build(model_path, spec)

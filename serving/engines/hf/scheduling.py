@@ -12,19 +12,11 @@ import logging
 import time
 from collections import deque
 
+from serving.engine import settle  # noqa: F401 - the engine's callers import it from here
 from serving.engines.hf.decoding import Batch
 from serving.engines.hf.scoring import forward_score
 
 log = logging.getLogger("mlops.serve")
-
-
-def settle(future, result=None, error: BaseException | None = None) -> None:
-    if future.done():  # cancelled by the client meanwhile
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
 
 
 class ScoringQueue:

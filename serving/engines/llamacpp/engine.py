@@ -27,10 +27,11 @@ from serving.engine import (
     Delta,
     EngineClosed,
     EngineSpec,
+    Generated,
     GenerationHandle,
     GenParams,
-    Generated,
     TokenizerInfo,
+    settle,
 )
 
 log = logging.getLogger("mlops.serve")
@@ -53,11 +54,11 @@ class LlamaCppEngine:
 
     def __init__(self, gguf: Path, *, threads: int = 1, parallel: int = 16, ctx_per_slot: int = 2048,
                  batch_threads: int | None = None, start_timeout: float = 120.0) -> None:
+        import httpx
+
         from serving.engines.llamacpp.install import find_install
         from serving.engines.llamacpp.scorer import PromptScorer
         from serving.engines.llamacpp.server_process import LlamaServer
-
-        import httpx
 
         self.model_path = Path(gguf)
         self.threads, self.parallel = threads, parallel
@@ -170,16 +171,16 @@ class LlamaCppEngine:
                 job.results.append(self.scorer.score(job.prompts[len(job.results)], job.top_k))
             except Exception as err:  # noqa: BLE001 - this request's own failure; its neighbours go on
                 self._score_jobs.remove(job)
-                _settle(job.future, error=err)
+                settle(job.future, error=err)
                 continue
             self.last_progress = time.monotonic()
             if len(job.results) == len(job.prompts):
                 self._score_jobs.remove(job)
-                _settle(job.future, result=job.results)
+                settle(job.future, result=job.results)
 
     def _fail_waiting(self) -> None:
         for job in self._score_jobs:
-            _settle(job.future, error=EngineClosed(f"the engine for {self.model_path} closed"))
+            settle(job.future, error=EngineClosed(f"the engine for {self.model_path} closed"))
         self._score_jobs.clear()
 
     # ------------------------------------------------------------------ generation
@@ -202,10 +203,10 @@ class LlamaCppEngine:
         try:
             self._wait_turn()
             if handle.dropped():
-                return _settle(handle.future, result=Generated("", [], [], [], "cancelled"))
-            _settle(handle.future, result=self._stream(handle, ids, params, on_text))
+                return settle(handle.future, result=Generated("", [], [], [], "cancelled"))
+            settle(handle.future, result=self._stream(handle, ids, params, on_text))
         except Exception as err:  # noqa: BLE001 - delivered to the request that asked
-            _settle(handle.future, error=err)
+            settle(handle.future, error=err)
         finally:
             with self._inflight_lock:
                 self._inflight.discard(handle)
@@ -302,14 +303,6 @@ def _delta(chunk: dict, engine: LlamaCppEngine) -> Delta:
     return Delta(chunk.get("content", ""), ids, lps[: len(ids)], tops[: len(ids)],
                  [engine.token_piece(i) for i in ids])
 
-
-def _settle(future: Future, *, result=None, error: BaseException | None = None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
 
 
 def build(model_path: Path, spec: EngineSpec) -> LlamaCppEngine:
