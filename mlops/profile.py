@@ -18,6 +18,10 @@ from mlops.errors import ConfigError, MLOpsError
 
 PROFILE_FILE = "deployment_profile.yaml"
 SCHEMA_VERSION = 1
+QUANTIZATIONS = ("f16", "q8_0", "q4_k_m")  # GGUF types llama.cpp serves (llama-quantize's F16, Q8_0, Q4_K_M)
+# Fields added after profiles were first stored: they enter the hash only when set, so a profile stored
+# before them keeps its hash (and its evals stay evidence), while choosing an engine or a quantization changes it.
+LATER_FIELDS = {"engine": "hf", "quantization": None}
 
 
 class SamplingParams(StrictModel):
@@ -34,6 +38,19 @@ class DeploymentProfile(StrictModel):
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     max_context: int = Field(2048, ge=16, description="tokens of prompt plus completion")
     stop: list[str] = Field(default_factory=list, description="stop strings, at most 4")
+    engine: str = Field("hf", description="the inference engine production serves this version on: hf (float32, "
+                        "the reference), llamacpp (GGUF on CPU), vllm (GPU)")
+    quantization: str | None = Field(None, description="the weights as served: none (as trained) or a GGUF type "
+                                     f"on llamacpp ({', '.join(QUANTIZATIONS)})")
+
+    @field_validator("quantization")
+    @classmethod
+    def _known_quantization(cls, value: str | None) -> str | None:
+        if value is not None and value not in QUANTIZATIONS:
+            from mlops.errors import did_you_mean
+
+            raise ValueError(f"unknown quantization '{value}': {did_you_mean(value, QUANTIZATIONS)}")
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -43,7 +60,19 @@ class DeploymentProfile(StrictModel):
         return value
 
     def profile_hash(self) -> str:
-        return hashlib.sha256(canonical_json(self).encode()).hexdigest()[:16]
+        data = self.model_dump(mode="json")
+        for key, default in LATER_FIELDS.items():
+            if data.get(key) == default:
+                data.pop(key)
+        return hashlib.sha256(canonical_json(data).encode()).hexdigest()[:16]
+
+    def deployment_form(self) -> str:
+        """How the weights are served, for reports: 'hf (as trained)', 'llamacpp q8_0'."""
+        return f"{self.engine} {self.quantization or '(as trained)'}"
+
+    def as_reference(self) -> DeploymentProfile:
+        """The same profile on the reference engine with the weights as trained (the quantization gate's baseline)."""
+        return self.model_copy(update={"engine": "hf", "quantization": None})
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=True)

@@ -60,9 +60,12 @@ def serve(
     keys = _key_store(serve_cfg, keys_file, no_auth or not serve_cfg.auth.enabled, host)
     for diff in diffs:
         typer.echo(f"warning: forced profile differs from the released one: {diff}", err=True)
+    if serve_cfg.engine and serve_cfg.engine != chosen.engine:
+        typer.echo(f"warning: serving on {serve_cfg.engine} although the deployment profile names {chosen.engine}: "
+                   "answers may differ from the ones the version was evaluated on", err=True)
     served = name or resolved.served_name
     typer.echo(f"serving {served} ({resolved.hf_dir}) on http://{host}:{port}/v1, profile {chosen.profile_hash()}, "
-               f"engine {serve_cfg.engine}, auth {'OFF' if keys is None else f'on ({keys.count()} keys in {keys.path})'}", err=True)
+               f"engine {serve_cfg.engine_for(chosen)}, auth {'OFF' if keys is None else f'on ({keys.count()} keys in {keys.path})'}", err=True)
     if follower:
         served = name or f"{follower.model}@{follower.alias}"
         typer.echo(f"following {follower.model}@{follower.alias} in the registry's ledger every {poll_interval:g} s",

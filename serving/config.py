@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from mlops.config import StrictModel
+from mlops.profile import QUANTIZATIONS
 
 DEFAULT_KEYS_FILE = ".mlops/serve/api_keys.json"
 
@@ -57,12 +58,10 @@ class ShadowConfig(StrictModel):
         return name
 
 
-QUANTIZATIONS = ("f16", "q8_0", "q4_k_m")
-
-
 class LlamaCppConfig(StrictModel):
-    quantization: str = Field("q8_0", description="GGUF type an HF folder is converted to when served on llamacpp "
-                              "(f16, q8_0, q4_k_m); a .gguf artifact is served as it is")
+    quantization: str | None = Field(None, description="GGUF type an HF folder is converted to on llamacpp (f16, "
+                                     "q8_0, q4_k_m); default: the profile's quantization, else q8_0. A .gguf "
+                                     "artifact is served as it is")
     parallel: int = Field(16, ge=1, le=256, description="llama-server slots: generations decoded together")
     context_per_slot: int | None = Field(None, ge=64, description="KV cache tokens per slot (default: the "
                                          "profile's max_context)")
@@ -71,8 +70,8 @@ class LlamaCppConfig(StrictModel):
 
     @field_validator("quantization")
     @classmethod
-    def _known_quantization(cls, value: str) -> str:
-        if value not in QUANTIZATIONS:
+    def _known_quantization(cls, value: str | None) -> str | None:
+        if value is not None and value not in QUANTIZATIONS:
             from mlops.errors import did_you_mean
 
             raise ValueError(f"unknown quantization '{value}': {did_you_mean(value, QUANTIZATIONS)}")
@@ -89,8 +88,9 @@ class VllmConfig(StrictModel):
 
 
 class ServeConfig(StrictModel):
-    engine: str = Field("hf", description="inference engine (`mlops serve --engine`): hf (float32 torch, the "
-                        "reference), llamacpp (llama.cpp on CPU, GGUF), vllm (GPU, its own image)")
+    engine: str | None = Field(None, description="inference engine (`mlops serve --engine`): hf (float32 torch, the "
+                               "reference), llamacpp (llama.cpp on CPU, GGUF), vllm (GPU, its own image); default: "
+                               "the one the version's deployment profile names")
     threads: int | None = Field(None, ge=1, description="compute threads (default: cores - 1, or "
                                 "MLOPS_SERVE_THREADS): a busy neighbour stalls a team as wide as the machine")
     llamacpp: LlamaCppConfig = Field(default_factory=LlamaCppConfig)
@@ -116,17 +116,24 @@ class ServeConfig(StrictModel):
     request_log: RequestLogConfig = Field(default_factory=RequestLogConfig)
     shadow: ShadowConfig = Field(default_factory=ShadowConfig)
 
-    def engine_options(self) -> dict:
-        """The settings of the chosen engine (its own section, when it has one)."""
-        section = getattr(self, self.engine, None)
-        return section.model_dump() if isinstance(section, StrictModel) else {}
+    def engine_for(self, profile) -> str:
+        """The engine to serve `profile`'s version on: this config's, else the profile's."""
+        return self.engine or profile.engine
+
+    def engine_options(self, engine: str, profile) -> dict:
+        """The settings of `engine` (its own section, when it has one), the profile's quantization filled in."""
+        section = getattr(self, engine, None)
+        options = section.model_dump() if isinstance(section, StrictModel) else {}
+        if engine == "llamacpp" and options.get("quantization") is None:
+            options["quantization"] = profile.quantization or "q8_0"
+        return options
 
     @field_validator("engine")
     @classmethod
-    def _known_engine(cls, name: str) -> str:
+    def _known_engine(cls, name: str | None) -> str | None:
         from mlops.errors import did_you_mean
         from serving.engine import engine_names
 
-        if name not in engine_names():
+        if name is not None and name not in engine_names():
             raise ValueError(f"unknown serving engine '{name}': {did_you_mean(name, engine_names())}")
         return name

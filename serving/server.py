@@ -57,11 +57,12 @@ class ServerContext:
     cut: int = 0  # requests cut by the drain timeout
 
 
-def engine_spec(config: ServeConfig, threads: int | None = None) -> EngineSpec:
-    """The engine `serve.engine` names, with the configured batch limits and threads."""
-    return EngineSpec(config.engine, threads=threads or config.threads or default_threads(),
+def engine_spec(config: ServeConfig, profile: DeploymentProfile, threads: int | None = None) -> EngineSpec:
+    """The engine for a version: `serve.engine`, else the one its profile names, with the configured limits."""
+    engine = config.engine_for(profile)
+    return EngineSpec(engine, threads=threads or config.threads or default_threads(),
                       max_batch_tokens=config.max_batch_tokens, max_batch_rows=config.max_batch_rows,
-                      slice_steps=config.slice_steps, options=config.engine_options())
+                      slice_steps=config.slice_steps, options=config.engine_options(engine, profile))
 
 
 def create_app(model_dir: Path | str, profile: DeploymentProfile, *, model_name: str | None = None, engine=None,
@@ -74,7 +75,7 @@ def create_app(model_dir: Path | str, profile: DeploymentProfile, *, model_name:
     config = config or ServeConfig()
     model_dir = Path(model_dir)
     slot = ModelSlot(model_name or model_dir.name)
-    slot.swap(engine or build_engine(model_dir, engine_spec(config)), profile, version or slot.name, model_dir=model_dir)
+    slot.swap(engine or build_engine(model_dir, engine_spec(config, profile)), profile, version or slot.name, model_dir=model_dir)
     return build_app(slot, config, keys=keys, **parts)
 
 
@@ -98,8 +99,7 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None, request_log=No
     from serving.request_log import parse_feedback, request_messages
     from serving.streaming import stream
 
-    spec = engine_spec(config)
-    slot.engine_factory = lambda folder: build_engine(folder, spec)
+    slot.engine_factory = lambda folder, profile: build_engine(folder, engine_spec(config, profile))
     ctx = _context(slot, config, keys, request_log, shadow, log_model)
     metrics = ctx.metrics
 
@@ -161,6 +161,7 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None, request_log=No
         serving = request.state.serving
         return {"id": slot.name, "object": "model", "created": serving.loaded_at, "owned_by": "mlops",
                 "version": serving.version, "max_model_len": serving.profile.max_context,
+                "engine": serving.engine.name, "quantization": serving.profile.quantization,
                 "profile_hash": serving.profile.profile_hash()}
 
     @app.get("/v1/models")
@@ -304,7 +305,7 @@ def serve(model_dir: Path | str, profile: DeploymentProfile, *, host: str = "127
 
         log_url(config.request_log.database)  # a store that cannot be named fails now, not on the first request
         request_log = RequestLogWriter.from_config(config.request_log)
-    engine = build_engine(model_dir, engine_spec(config, threads))
+    engine = build_engine(model_dir, engine_spec(config, profile, threads))
     runner = _shadow_runner(shadow, config, model_name or Path(model_dir).name) if shadow is not None else None
     app = create_app(model_dir, profile, model_name=model_name, engine=engine, version=version, config=config,
                      keys=keys, request_log=request_log, shadow=runner, log_model=log_model)
@@ -318,7 +319,7 @@ def _shadow_runner(target, config: ServeConfig, name: str):
 
     slot = ModelSlot(f"{name}#shadow")
     if target.model_dir is not None:  # else empty until its follower swaps a candidate in
-        slot.swap(build_engine(target.model_dir, engine_spec(config)), target.profile, target.version,
+        slot.swap(build_engine(target.model_dir, engine_spec(config, target.profile)), target.profile, target.version,
                   model_dir=target.model_dir)
     log.info("shadow: version %s answers %.0f%% of requests in the background", target.version or "(none yet)",
              config.shadow.share * 100)

@@ -60,7 +60,7 @@ class ModelSlot:
         self._retired: list[Serving] = []
         self.swaps = 0
         # How load_and_swap builds an engine; the server sets one with its configured batch limits.
-        self.engine_factory: Callable[[Path], object] = _default_engine
+        self.engine_factory: Callable[[Path, DeploymentProfile], Engine] = _default_engine
         self.listeners: list[Callable[[Serving], None]] = []  # told about each new serving (metrics)
 
     # ------------------------------------------------------------------ reading
@@ -135,7 +135,8 @@ class ModelSlot:
         return old
 
     def load_and_swap(self, model_dir: Path | str, profile, version: str, *,
-                      engine_factory: Callable[[Path], object] | None = None, check_timeout: float = 120.0) -> Serving:
+                      engine_factory: Callable[[Path, DeploymentProfile], Engine] | None = None,
+                      check_timeout: float = 120.0) -> Serving:
         """Load `model_dir` beside the serving model, check it answers, swap it in; the old one drains and closes.
 
         Raises SlotError (and keeps the old model serving) when the folder does not load, its chat template
@@ -148,7 +149,7 @@ class ModelSlot:
         if problem:
             raise SlotError(f"version {version} was not swapped in: {problem}. Fix: register it with its own profile.")
         try:
-            engine = (engine_factory or self.engine_factory)(model_dir)
+            engine = (engine_factory or self.engine_factory)(model_dir, profile)
         except Exception as err:
             raise SlotError(f"version {version} ({model_dir}) could not be loaded: {type(err).__name__}: {err}. "
                             "The serving version keeps serving.") from err
@@ -219,5 +220,7 @@ def check_engine(engine, timeout: float) -> None:
     engine.generate(ids, GenParams(max_tokens=1)).future.result(timeout=timeout)
 
 
-def _default_engine(model_dir: Path) -> Engine:
-    return build_engine(model_dir, EngineSpec(threads=default_threads()))
+def _default_engine(model_dir: Path, profile: DeploymentProfile) -> Engine:
+    """The engine the profile names, with default settings (the server sets one with its configured limits)."""
+    options = {"quantization": profile.quantization or "q8_0"} if profile.engine == "llamacpp" else {}
+    return build_engine(model_dir, EngineSpec(profile.engine, threads=default_threads(), options=options))

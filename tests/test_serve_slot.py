@@ -101,7 +101,7 @@ def test_a_model_that_fails_to_load_or_mismatches_its_profile_never_replaces_the
     slot = ModelSlot("bot")
     slot.swap(object(), profile, "1")
 
-    def broken(_path):
+    def broken(_path, _profile):
         raise OSError("weights truncated")
 
     with pytest.raises(SlotError, match="could not be loaded"):
