@@ -29,6 +29,8 @@ def eval_command(
     suites: str | None = typer.Option(None, "--suites", "-s", help="comma-separated suite names (default: eval.suites)"),
     profile: Path | None = ProfileOpt,
     force_profile: bool = ForceOpt,
+    reference: bool = typer.Option(False, "--reference", help="judge the version's reference form (its profile "
+                                   "on hf, weights as trained): the baseline of the quantization gate"),
     config: Path | None = ConfigOpt,
     overrides: list[str] | None = OverridesArg,
 ) -> None:
@@ -36,7 +38,7 @@ def eval_command(
     from evaluation.runner import run_eval
 
     outcome = run_eval(_config(config, overrides), model, suites=suites or None, profile_path=profile,
-                       force_profile=force_profile)
+                       force_profile=force_profile, reference=reference)
     for score in outcome.scores:
         typer.echo(f"{score.suite:9} {score.name:28} {score.metric:12} {score.value:.3f} ± {score.stderr:.3f}  (n={score.n})")
     if outcome.contamination:

@@ -32,6 +32,13 @@ class GateConfig(StrictModel):
     history_from_registry: int = Field(
         0, ge=0, description="also compare against this many earlier versions that passed the gate"
     )
+    quantization_max_drop: float = Field(
+        0.10, ge=0, le=1, description="a quantized release form may score at most this much below the same version "
+        "on hf as trained, on any task (same items, so the point difference is compared)"
+    )
+    quantization_max_suite_drop: float = Field(
+        0.03, ge=0, le=1, description="the same, on each dimension suite's n-weighted aggregate (business)"
+    )
 
 
 class ContaminationConfig(StrictModel):

@@ -15,6 +15,10 @@ Rules (settings in `eval.gate`), on the interval delta +/- z * sqrt(se_challenge
   lost over several small releases is still caught.
 `noise_tolerant` mode fails a comparison only when the interval lies wholly below the allowed drop; `strict`
 passes it only when the interval lies wholly above it.
+
+A quantized release form (a profile naming a GGUF type) is also held to the same version's reference form (hf,
+weights as trained), evaluated on the same items: no task may lose more than `quantization_max_drop`, and no
+dimension suite's aggregate more than `quantization_max_suite_drop` (`quantization_checks`).
 """
 
 from __future__ import annotations
@@ -143,6 +147,34 @@ def _must_beat(challenger: dict, cfg) -> list[Check]:
     return checks
 
 
+def quantization_checks(quantized: dict, reference: dict, cfg, form: str) -> list[Check]:
+    """The release form (`form`, e.g. 'llamacpp q8_0') against the same version as trained, task by task and on
+    each dimension suite's aggregate. Both evals ran the same items, so the point difference is the measure."""
+    label = "as trained (hf)"
+    mine = {row["name"]: Score.from_dict(row) for row in quantized.get("tasks", [])}
+    theirs = {row["name"]: Score.from_dict(row) for row in reference.get("tasks", [])}
+    checks = _versions_match(quantized, reference, label)
+    units = [(name, mine.get(name), ref, cfg.quantization_max_drop, "eval.gate.quantization_max_drop")
+             for name, ref in sorted(theirs.items())]
+    for suite in DIMENSION_SUITES:
+        ref = suite_score(list(theirs.values()), suite)
+        if ref is not None:
+            units.append((suite, suite_score(list(mine.values()), suite), ref, cfg.quantization_max_suite_drop,
+                          "eval.gate.quantization_max_suite_drop"))
+    for name, score, ref, allowed, setting in units:
+        if score is None:
+            checks.append(Check(name, label, "coverage", None, ref.value, None, None, None, False,
+                                f"{name} was evaluated as trained but not on {form}"))
+            continue
+        delta = score.value - ref.value
+        passed = -delta <= allowed + 1e-9
+        why = (f"{name} loses {-delta:.3f} on {form} against the same version {label} "
+               f"({score.value:.3f} vs {ref.value:.3f}), more than {setting} {allowed:.3f}")
+        checks.append(Check(name, label, "quantization", score.value, ref.value, delta, None, None, passed,
+                            "" if passed else why))
+    return checks
+
+
 def _versions_match(a: dict, b: dict, label: str) -> list[Check]:
     checks = []
     for suite, info in a.get("suites", {}).items():
@@ -155,11 +187,17 @@ def _versions_match(a: dict, b: dict, label: str) -> list[Check]:
 
 
 def compare(challenger: dict, champion: dict | None, cfg, *, challenger_label: str = "challenger",
-            champion_label: str = "champion", history: list[tuple[str, dict]] = ()) -> GateReport:
-    """Gate a challenger's eval summary against a champion's (or floors) and past champions'."""
+            champion_label: str = "champion", history: list[tuple[str, dict]] = (),
+            reference: tuple[str, dict] | None = None) -> GateReport:
+    """Gate a challenger's eval summary against a champion's (or floors) and past champions'; `reference`
+    (release form, the same version's as-trained summary) adds the quantization checks."""
     mine = scores_of(challenger)
     checks: list[Check] = []
     notes: list[str] = []
+    if reference is not None:
+        form, as_trained = reference
+        checks += quantization_checks(challenger, as_trained, cfg, form)
+        notes.append(f"release form {form}: held to the same version as trained (hf) on the same items")
     references = ([(champion_label, champion, True)] if champion else []) + [(lbl, s, False) for lbl, s in history]
     for label, summary, is_champion in references:
         checks += _versions_match(challenger, summary, label)

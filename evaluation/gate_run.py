@@ -87,14 +87,16 @@ def disqualification(run, key: str, profile_hash: str, rule: EvidenceRule) -> st
     return None
 
 
-def find_evidence(model, rule: EvidenceRule) -> Evidence:
-    """The eval run that counts for `model` (a description or resolved model) under `rule`."""
+def find_evidence(model, rule: EvidenceRule, *, reference_hash: str | None = None) -> Evidence:
+    """The eval run that counts for `model` (a description or resolved model) under `rule`; with
+    `reference_hash`, its reference-form eval (that profile hash, recorded as the version's reference run)."""
     from mlops.model_refs import model_key
     from mlops.run_store import find_runs, get_run, load_run_json
 
     key = model_key(model)
-    profile_hash = expected_profile_hash(model)
-    recorded = model.version_tags.get(Tag.EVAL_RUN) if model.kind == "version" else None
+    profile_hash = reference_hash or expected_profile_hash(model)
+    recorded_tag = Tag.EVAL_REFERENCE_RUN if reference_hash else Tag.EVAL_RUN
+    recorded = model.version_tags.get(recorded_tag) if model.kind == "version" else None
     candidates, rejected = [], []
     if recorded:
         try:
@@ -110,11 +112,30 @@ def find_evidence(model, rule: EvidenceRule) -> Evidence:
         rejected.append(f"eval run {run.info.run_id}: {why}")
     seen = "; ".join(rejected[:6]) if rejected else "there is no eval run of this content at all"
     limit = "" if rule.limit is None else f" eval.limit={rule.limit}"
+    what = "reference-form eval (hf, as trained) for the quantization gate" if reference_hash else "eval"
     raise EvidenceError(
-        f"model '{model.ref}' (content {key}, profile {profile_hash}) has no eval the gate can use ({seen}). "
-        f"Fix: run `mlops eval --model {model.ref} --suites {','.join(s.split('@')[0] for s in rule.suites)}"
-        f"{limit}` without --profile/--force-profile, with the same config as the gate."
+        f"model '{model.ref}' (content {key}, profile {profile_hash}) has no {what} the gate can use ({seen}). "
+        f"Fix: run `mlops eval --model {model.ref}{' --reference' if reference_hash else ''} --suites "
+        f"{','.join(s.split('@')[0] for s in rule.suites)}{limit}` without --profile/--force-profile, with the "
+        "same config as the gate."
     )
+
+
+def release_reference(model, evidence: Evidence, rule: EvidenceRule) -> tuple[str, Evidence] | None:
+    """(release form, the same version's as-trained evidence) when the evidence judged a quantized form."""
+    import yaml
+
+    from mlops.profile import DeploymentProfile
+    from mlops.run_store import get_run, load_run_text
+
+    if not get_run(evidence.eval_run_id).data.tags.get(Tag.EVAL_ENGINE):
+        return None  # an eval from before engines were recorded: hf, as trained
+    profile = DeploymentProfile.model_validate(yaml.safe_load(load_run_text(evidence.eval_run_id,
+                                                                            "eval/deployment_profile.yaml")))
+    if profile.as_reference() == profile:  # the release form is the reference form
+        return None
+    reference = profile.as_reference()
+    return profile.deployment_form(), find_evidence(model, rule, reference_hash=reference.profile_hash())
 
 
 def _champion(ref: str | None):
@@ -163,12 +184,17 @@ def run_gate(cfg, challenger_ref: str, champion_ref: str | None, *, history: lis
     excluded = {key, model_key(champion) if champion else None}
     past_models = [m for m in (describe(r) for r in dict.fromkeys(past)) if model_key(m) not in excluded]
     mine = find_evidence(challenger, rule)
+    as_trained = release_reference(challenger, mine, rule)
     theirs = find_evidence(champion, rule) if champion else None
     past_evidence = [find_evidence(m, rule) for m in past_models]
     report = compare(mine.summary, theirs.summary if theirs else None, gate_cfg, challenger_label=challenger_ref,
                      champion_label=champion_ref if champion else "none",
-                     history=[(e.ref, e.summary) for e in past_evidence])
+                     history=[(e.ref, e.summary) for e in past_evidence],
+                     reference=(as_trained[0], as_trained[1].summary) if as_trained else None)
     report.settings["evidence"] = evidence_record(challenger, champion, mine, theirs, past_evidence, rule)
+    if as_trained:
+        report.settings["evidence"]["reference"] = {"form": "hf (as trained)", "release_form": as_trained[0],
+                                                    "eval_run_id": as_trained[1].eval_run_id}
     if champion is None and champion_ref:
         report.notes.insert(0, f"'{champion_ref}' names no model version yet")
     folder = mlops_dir() / "gates" / f"{key}-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**6}"

@@ -92,11 +92,13 @@ def _merge(merged: dict, result: dict | None) -> None:
 
 def run_eval(cfg, ref: str, *, suites: list[str] | str | None = None, profile_path: Path | None = None,
              force_profile: bool = False, on_server: Callable[[ServerProcess], None] | None = None,
-             attach_env_run: bool = True) -> EvalOutcome:
+             attach_env_run: bool = True, reference: bool = False) -> EvalOutcome:
     """Evaluate a model ref in deployment form and log it to an MLflow run linked to the model version.
 
     Under `mlflow run -e eval` the eval logs into the project's run (MLFLOW_RUN_ID); a caller that runs an eval
     inside another stage's `mlflow run` (a sweep objective) passes `attach_env_run=False` to get a run of its own.
+    `reference=True` judges the version's reference form instead (its profile on `hf`, weights as trained): the
+    baseline the quantization gate holds the release form to, recorded on the version as such.
     """
     from evaluation.gate_run import limit_tag
     from mlops.config import config_hash, require_section, resolved_yaml
@@ -111,6 +113,9 @@ def run_eval(cfg, ref: str, *, suites: list[str] | str | None = None, profile_pa
     released = model.profile()
     proposed = read_profile(profile_path) if profile_path else None
     profile, diffs = choose_eval_profile(released, proposed, force=force_profile)
+    if reference:
+        profile = profile.as_reference()
+    reference = reference or (profile == released.as_reference() and profile != released)
     template_problem = check_template(profile, model.hf_dir)
     if template_problem and not force_profile:
         from mlops.profile import ProfileMismatchError
@@ -128,14 +133,16 @@ def run_eval(cfg, ref: str, *, suites: list[str] | str | None = None, profile_pa
         extra={Tag.STAGE: "eval", Tag.MODEL_REF: ref, Tag.MODEL_KEY: model.key, Tag.SOURCE_RUN: model.run_id,
                Tag.PROFILE_HASH: profile.profile_hash(), Tag.SUITE_VERSION: ",".join(labels),
                Tag.EVAL_FORCED_PROFILE: str(forced).lower(), Tag.RELEASE: str(cfg.run.release).lower(),
-               Tag.EVAL_LIMIT: limit_tag(eval_cfg.limit)},
+               Tag.EVAL_LIMIT: limit_tag(eval_cfg.limit), Tag.EVAL_ENGINE: profile.deployment_form(),
+               Tag.EVAL_REFERENCE: str(reference).lower()},
     )
     enforce_release(lineage, cfg.run.release)
     work = mlops_dir() / "eval" / f"{model.key}-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**6}"
     work.mkdir(parents=True, exist_ok=True)
     profile_file = profile.save_as(work / "deployment_profile.yaml")
     cache_dir = mlops_dir() / "eval-cache" / model.key / profile.profile_hash() if eval_cfg.use_cache else None
-    run_name = cfg.run.run_name or f"eval {model.served_name}" + (" [FORCED PROFILE]" if forced else "")
+    run_name = cfg.run.run_name or f"eval {model.served_name} on {profile.deployment_form()}" + (
+        " [FORCED PROFILE]" if forced else "") + (" [reference]" if reference else "")
     tags = {k: v for k, v in lineage.as_tags().items() if v not in (None, "None")}
     with tracked_run(cfg.run.experiment, run_name=run_name, tags=tags, attach_env_run=attach_env_run) as run:
         started = time.perf_counter()
@@ -149,6 +156,7 @@ def run_eval(cfg, ref: str, *, suites: list[str] | str | None = None, profile_pa
             "temperature": profile.sampling.temperature, "top_p": profile.sampling.top_p,
             "max_tokens": profile.sampling.max_tokens, "sampling_seed": profile.sampling.seed,
             "max_context": profile.max_context, "stop": json.dumps(profile.stop), "profile_hash": profile.profile_hash(),
+            "engine": profile.engine, "quantization": profile.quantization or "none",
             **{f"suite.{s.name}.version": s.version for s in suite_objs},
             **{f"suite.{s.name}.fingerprint": s.fingerprint[:16] for s in suite_objs},
         })
@@ -196,7 +204,7 @@ def run_eval(cfg, ref: str, *, suites: list[str] | str | None = None, profile_pa
             run.set_tags(contamination_tags(contamination))
             set_version_tags(model, contamination_tags(contamination))
         if not forced:  # a forced-profile eval is labelled, never recorded as the version's evidence
-            set_version_tags(model, {Tag.EVAL_RUN: run.run_id})
+            set_version_tags(model, {Tag.EVAL_REFERENCE_RUN if reference else Tag.EVAL_RUN: run.run_id})
         return EvalOutcome(run.run_id, model.key, scores, doc, wall, contamination)
 
 

@@ -65,6 +65,9 @@ class Tag(StrEnum):
     MODEL_REF = "mlops.model_ref"
     EVAL_RUN = "mlops.eval_run_id"
     EVAL_FORCED_PROFILE = "mlops.eval_forced_profile"
+    EVAL_ENGINE = "mlops.eval_engine"  # the engine and weights an eval judged: "llamacpp q8_0", "hf (as trained)"
+    EVAL_REFERENCE = "mlops.eval_reference"  # true: the version's reference form (hf, as trained), not its release form
+    EVAL_REFERENCE_RUN = "mlops.eval_reference_run_id"  # on a version: its reference eval (the quantization gate's)
     GATE_EVAL = "gate.eval"
     GATE_REASONS = "gate.eval.reasons"
     GATE_RUN = "gate.eval.run_id"

@@ -262,3 +262,84 @@ def test_mlflow_run_eval_entry_point_logs_into_the_project_run(tiny_model, mlops
     runs = client.search_runs([client.get_experiment_by_name("eval-e2e").experiment_id])
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"  # mlflow run's own run carries the eval
     assert runs[0].data.tags[Tag.STAGE] == "eval" and "general_knowledge/acc" in runs[0].data.metrics
+
+
+def _register_with_profile(tmp_path, tiny_model, name: str, **form) -> str:
+    """A version of the tiny model whose deployment profile names an engine and a quantization."""
+    from mlops.tracking import tracked_run
+    from registry.versions import register_model_version
+
+    folder = tmp_path / f"tiny-{name}"
+    shutil.copytree(tiny_model["path"], folder)
+    load_profile(folder).model_copy(update=form).save(folder)
+    with tracked_run("test", run_name="train", tags={Tag.STAGE: "train", Tag.BASE_MODEL: "tiny"}) as run:
+        run.log_hf_model(folder)
+    return register_model_version(run.run_id, name)
+
+
+def _fake_form_eval(ref: str, billing: float, *, reference: bool) -> None:
+    """An eval run of the release form (or, with `reference`, of the same version as trained on hf)."""
+    from evaluation.gate_run import evidence_rule
+    from evaluation.results import Score, summary
+    from mlops.model_refs import resolve_model_ref
+    from mlops.tracking import tracked_run
+
+    model = resolve_model_ref(ref)
+    profile = model.profile().as_reference() if reference else model.profile()
+    tasks = [Score("general_knowledge", "general", "knowledge", "acc", 0.6, 0.04, 100),
+             Score("biz_billing_mc", "business", "billing", "acc", billing, 0.04, 100)]
+    doc = summary(tasks, [])
+    doc["suites"] = {"general": {"version": 1}, "business": {"version": 1}}
+    rule = evidence_rule(_cfg())
+    tags = {Tag.STAGE: "eval", Tag.MODEL_KEY: model.key, Tag.PROFILE_HASH: profile.profile_hash(),
+            Tag.SUITE_VERSION: ",".join(rule.suites), Tag.EVAL_LIMIT: rule.limit_tag,
+            Tag.EVAL_FORCED_PROFILE: "false", Tag.EVAL_ENGINE: profile.deployment_form(),
+            Tag.EVAL_REFERENCE: str(reference).lower()}
+    with tracked_run("eval-test", tags=tags) as run:
+        run.log_dict(doc, "eval/summary.json")
+        run.log_text(profile.to_yaml(), "eval/deployment_profile.yaml")
+
+
+def test_a_quantized_release_form_is_gated_against_the_same_version_as_trained(mlops_home, tiny_model, tmp_path):
+    from evaluation.gate_run import EvidenceError, run_gate
+
+    version = _register_with_profile(tmp_path, tiny_model, "qbot", engine="llamacpp", quantization="q8_0")
+    ref = f"models:/qbot/{version}"
+    _fake_form_eval(ref, billing=0.62, reference=False)
+    with pytest.raises(EvidenceError, match=f"mlops eval --model {ref} --reference"):
+        run_gate(_cfg(), ref, None)  # a quantized form cannot pass without its as-trained baseline
+    _fake_form_eval(ref, billing=0.64, reference=True)
+    passed = run_gate(_cfg(), ref, None)
+    checks = {c.name: c for c in passed.report.checks if c.rule == "quantization"}
+    assert passed.report.passed and set(checks) == {"general_knowledge", "biz_billing_mc", "business"}
+    assert checks["biz_billing_mc"].delta == pytest.approx(-0.02)
+    assert "llamacpp q8_0" in passed.report.notes[0]
+    _fake_form_eval(ref, billing=0.40, reference=False)  # q8_0 cost billing 0.24 on the same items
+    failed = run_gate(_cfg(), ref, None)
+    assert not failed.report.passed
+    assert any(r.startswith("biz_billing_mc loses 0.240 on llamacpp q8_0") for r in failed.report.reasons)
+    assert any(r.startswith("business loses") and "quantization_max_suite_drop" in r for r in failed.report.reasons)
+
+
+def test_eval_runs_through_the_engine_and_weights_the_profile_names(mlops_home, tiny_model, tmp_path, request):
+    """A version released as llamacpp f16: `mlops eval` serves that GGUF; `--reference` serves it as trained."""
+    from evaluation.runner import run_eval
+    from mlops.run_store import get_run, load_run_text
+    from registry.versions import version_tags
+
+    request.getfixturevalue("tiny_gguf")  # llama.cpp is built (or this says why not)
+    version = _register_with_profile(tmp_path, tiny_model, "fbot", engine="llamacpp", quantization="f16")
+    ref = f"models:/fbot/{version}"
+    release = run_eval(_cfg(), ref, suites="general")
+    reference = run_eval(_cfg(), ref, suites="general", reference=True)
+    tags = version_tags("fbot", version)
+    assert tags[Tag.EVAL_RUN] == release.run_id and tags[Tag.EVAL_REFERENCE_RUN] == reference.run_id
+    ran = get_run(release.run_id).data
+    assert ran.tags[Tag.EVAL_ENGINE] == "llamacpp f16" and ran.params["quantization"] == "f16"
+    assert get_run(reference.run_id).data.tags[Tag.EVAL_ENGINE] == "hf (as trained)"
+    assert "engine llamacpp" in load_run_text(release.run_id, "eval/server.log")
+    assert "engine hf" in load_run_text(reference.run_id, "eval/server.log")
+    assert list((mlops_home / ".mlops" / "gguf").rglob("model-f16.gguf"))  # converted once, by llama.cpp
+    release_scores = {s.name: s.value for s in release.scores}
+    reference_scores = {s.name: s.value for s in reference.scores}
+    assert release_scores.keys() == reference_scores.keys() and release_scores
