@@ -1,8 +1,9 @@
 """Deployment-form eval speed, measured side by side in one run.
 
-1. Eval wall time: the same tasks, model, chat template and system prompt, once through the served endpoint
-   (server subprocess start + lm-eval `local-completions`/`local-chat-completions`, as `mlops eval` runs it)
-   and once in-process with lm-eval's `hf` model. Goal: ratio <= 1.5.
+1. Eval wall time: the same tasks, model, chat template and system prompt, through the served endpoint on each
+   engine (server subprocess start + lm-eval `local-completions`/`local-chat-completions`, as `mlops eval`
+   runs it) and in-process with lm-eval's `hf` model. Goals: `hf` served ratio <= 1.5; `llamacpp` (q8_0, the
+   deployment form) ratio <= 1.0 (faster than in-process float32).
 2. Server throughput at concurrency 1, 4 and 16: requests/s, tokens/s (generated for chat, scored for
    loglikelihood requests) and p50/p95/p99 latency.
 
@@ -64,8 +65,9 @@ def _subset(suites, tasks):
     return [s for s in picked if s.tasks]
 
 
-def deployment(path: str, limit: int, tasks: list[str] | None, batch_size: int, concurrency: int) -> tuple[float, float]:
-    """(wall including server start, lm-eval part only)."""
+def deployment(path: str, limit: int, tasks: list[str] | None, batch_size: int, concurrency: int,
+               engine: str = "hf", quantization: str | None = None) -> tuple[float, float]:
+    """(wall including server start, lm-eval part only), served on `engine` (GGUF conversion cached before)."""
     from evaluation.config import EvalConfig
     from evaluation.runner import _lm_eval, prepare_tasks
     from evaluation.suites import get_suites
@@ -74,7 +76,8 @@ def deployment(path: str, limit: int, tasks: list[str] | None, batch_size: int, 
 
     started = time.perf_counter()
     suites = _subset(get_suites("general,business"), tasks)
-    profile = load_profile(path).model_copy(update={"system_prompt": SYSTEM})
+    profile = load_profile(path).model_copy(update={"system_prompt": SYSTEM, "engine": engine,
+                                                    "quantization": quantization})
     work = Path(tempfile.mkdtemp(prefix="bench-eval-"))
     profile_file = profile.save_as(work / "profile.yaml")
     cfg = EvalConfig(limit=limit, batch_size=batch_size, concurrency=concurrency, bootstrap_iters=0)
@@ -163,22 +166,32 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=32, help="requests per throughput level")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--hf-threads", default="1,2", help="torch threads tried for in-process hf; the fastest is the reference")
+    parser.add_argument("--engines", default="hf,llamacpp", help="engines the deployment-form eval is served on")
     args = parser.parse_args()
     tasks = [t for t in args.tasks.split(",") if t] or None
     report: dict = {"eval": [], "throughput": {}}
     for name in [m for m in args.eval_models.split(",") if m]:
         path = _model_path(name)
-        wall, lm_part = deployment(path, args.limit, tasks, args.batch_size, args.concurrency)
         by_threads = {int(n): in_process(path, args.limit, tasks, args.batch_size, int(n))
                       for n in args.hf_threads.split(",") if n}
         ref = min(by_threads.values())
-        row = {"model": name, "limit": args.limit, "deployment_s": wall, "deployment_lm_eval_s": lm_part,
-               "in_process_hf_s": ref, "in_process_hf_by_threads": by_threads, "ratio": wall / ref,
-               "ratio_excluding_server_start": lm_part / ref}
         print("in-process hf by torch threads: " + ", ".join(f"{k}: {v:.1f} s" for k, v in by_threads.items()))
-        report["eval"].append(row)
-        print(f"eval wall  {name:8} deployment {wall:7.1f} s (lm-eval {lm_part:6.1f} s)  in-process hf {ref:7.1f} s  "
-              f"ratio {row['ratio']:.2f} (goal <= 1.5; {row['ratio_excluding_server_start']:.2f} without server start)")
+        for engine in [e for e in args.engines.split(",") if e]:
+            quant = "q8_0" if engine == "llamacpp" else None
+            if quant:  # the one-time conversion is a release step (`mlops release package`), not eval time
+                from serving.engines.llamacpp.artifact import gguf_for
+
+                gguf_for(Path(path), quant)
+            wall, lm_part = deployment(path, args.limit, tasks, args.batch_size, args.concurrency, engine, quant)
+            goal = 1.0 if engine == "llamacpp" else 1.5
+            row = {"model": name, "engine": engine, "quantization": quant, "limit": args.limit, "deployment_s": wall,
+                   "deployment_lm_eval_s": lm_part, "in_process_hf_s": ref, "in_process_hf_by_threads": by_threads,
+                   "ratio": wall / ref, "ratio_excluding_server_start": lm_part / ref}
+            report["eval"].append(row)
+            print(f"eval wall  {name:8} served on {engine} {quant or ''} {wall:7.1f} s (lm-eval {lm_part:6.1f} s)  "
+                  f"in-process hf {ref:7.1f} s  ratio {row['ratio']:.2f} (goal <= {goal}: "
+                  f"{'met' if row['ratio'] <= goal else 'MISSED'}; {row['ratio_excluding_server_start']:.2f} without "
+                  "server start)")
     for name in [m for m in args.models.split(",") if m]:
         rows = throughput(_model_path(name), [1, 4, 16], args.requests, args.max_tokens)
         report["throughput"][name] = rows

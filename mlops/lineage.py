@@ -68,6 +68,10 @@ class Tag(StrEnum):
     EVAL_ENGINE = "mlops.eval_engine"  # the engine and weights an eval judged: "llamacpp q8_0", "hf (as trained)"
     EVAL_REFERENCE = "mlops.eval_reference"  # true: the version's reference form (hf, as trained), not its release form
     EVAL_REFERENCE_RUN = "mlops.eval_reference_run_id"  # on a version: its reference eval (the quantization gate's)
+    GGUF_RUN = "mlops.gguf_run_id"  # on a version: the package run that logged its GGUF (`mlops release package`)
+    GGUF_SHA256 = "mlops.gguf_sha256"
+    GGUF_QUANTIZATION = "mlops.gguf_quantization"
+    LLAMACPP_VERSION = "mlops.llamacpp_version"  # the llama.cpp build (llama-cpp-python release) that made it
     GATE_EVAL = "gate.eval"
     GATE_REASONS = "gate.eval.reasons"
     GATE_RUN = "gate.eval.run_id"

@@ -106,12 +106,15 @@ def template_of(model_dir: Path) -> str | None:
     return None
 
 
-def default_profile(model_dir: Path, *, system_prompt: str | None = None, max_context: int = 2048) -> DeploymentProfile:
+def default_profile(model_dir: Path, *, system_prompt: str | None = None, max_context: int = 2048,
+                    engine: str = "hf", quantization: str | None = None) -> DeploymentProfile:
     return DeploymentProfile(
         system_prompt=system_prompt,
         chat_template_hash=chat_template_hash(template_of(model_dir)),
         max_context=max_context,
         stop=["<|im_end|>"],
+        engine=engine,
+        quantization=quantization,
     )
 
 

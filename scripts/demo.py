@@ -36,7 +36,9 @@ PROFILES = {
     # The tiny model is random: its scores carry no signal, so the test holds it to no score floor.
     "tiny": {"base": "tiny", "train": "configs/train/tiny.yaml", "broken_steps": 4, "spot_n": 4,
              "shadow_requests": 6, "max_tokens": 8,
-             "eval": ["eval.limit=3", "eval.gate.must_beat={}", "eval.gate.floors={}"]},
+             "eval": ["eval.limit=3", "eval.gate.must_beat={}", "eval.gate.floors={}"],
+             # served as the SmolLM2 recipe is (configs/train/sft-smollm2-lora.yaml), f16: its rows are too short for q8_0
+             "form": ["train.serve_engine=llamacpp", "train.serve_quantization=f16"]},
 }
 EVAL_CONFIG = "configs/eval/demo.yaml"
 STARTED = time.monotonic()
@@ -96,7 +98,8 @@ def build_snapshot(config: str, name: str, *overrides: str) -> str:
 def train_and_register(p: dict, snapshot: str, name: str, *overrides: str) -> str:
     """Train on a snapshot (a rerun returns the finished run) and register it as the trainer; the version."""
     mlflow_run("train", config=p["train"], env=TRAINER,
-               overrides=" ".join([f"train.snapshot={snapshot}", f"run.run_name={name}", *overrides]))
+               overrides=" ".join([f"train.snapshot={snapshot}", f"run.run_name={name}", *p.get("form", []),
+                                   *overrides]))
     # By its snapshot, not its name: a rerun returns the finished run under the name it was first given.
     run = latest_run("mlops.stage=train", f"mlops.data_snapshot_id={snapshot}", having="mlops.model_content_id")
     version = out_json("mlops", "registry", "register", "--run", run["run_id"], "--name", MODEL, "--json",
@@ -109,6 +112,9 @@ def eval_and_gate(p: dict, version: str) -> bool:
     """Deployment-form eval, then the gate against the champion now (floors and must_beat without one)."""
     overrides = " ".join(p["eval"])
     mlflow_run("eval", env=TRAINER, model=f"models:/{MODEL}/{version}", suites="general,business",
+               config=EVAL_CONFIG, overrides=overrides)
+    # The release form is a quantized GGUF on llama.cpp: the quantization gate also needs the version as trained.
+    mlflow_run("eval_reference", env=TRAINER, model=f"models:/{MODEL}/{version}", suites="general,business",
                config=EVAL_CONFIG, overrides=overrides)
     # The gate counts only evals of the same suites and limit as its own config: the same config and overrides.
     gate = mlflow_run("gate", env=TRAINER, check=False, challenger=f"models:/{MODEL}/{version}",

@@ -82,6 +82,12 @@ def serve(
         if shadow_follower:
             shadow_follower.attach(app.state.ctx.shadow.slot).start()
 
+    if serve_cfg.engine_for(chosen) == "llamacpp" and resolved.kind == "version":
+        from serving.package import fetch_packaged
+
+        quant = serve_cfg.engine_options("llamacpp", chosen)["quantization"]
+        if (packaged := fetch_packaged(resolved, quant)) is not None:
+            typer.echo(f"serving the packaged {packaged.name} of {resolved.ref}", err=True)
     code = run_server(resolved.hf_dir, chosen, host=host, port=port, model_name=served,
                       version=resolved.version or resolved.served_name, threads=threads, config=serve_cfg, keys=keys,
                       on_app=on_app, log_model=follower.model if follower else (resolved.name or resolved.served_name),
@@ -226,7 +232,36 @@ def keys_revoke(key_id: str = typer.Argument(..., help="the key id shown by `lis
     typer.echo(f"revoked key {entry['id']} ({entry.get('name', '')})")
 
 
+release_app = typer.Typer(help="Deployment artifacts of model versions.", no_args_is_help=True)
+
+
+@release_app.command("package")
+def release_package(
+    model: str = typer.Argument(..., help="models:/<name>/<version> (or @alias)"),
+    quant: str = typer.Option("q8_0", "--quant", help="GGUF type: f16, q8_0 (INT8, the default), q4_k_m (INT4)"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+) -> None:
+    """Convert the version's weights to GGUF with llama.cpp's own tools, quantize, log the file on it."""
+    import json
+
+    from mlops.errors import ConfigError
+    from mlops.profile import QUANTIZATIONS
+    from serving.package import package
+
+    if quant not in QUANTIZATIONS:
+        raise ConfigError(f"--quant {quant} is not a GGUF type this stack serves; use one of {', '.join(QUANTIZATIONS)}.")
+    done = package(model, quant)
+    if as_json:
+        typer.echo(json.dumps({"ref": done.ref, "gguf": str(done.gguf), "sha256": done.sha256,
+                               "quantization": done.quantization, "llamacpp_version": done.llamacpp_version,
+                               "run_id": done.run_id}))
+    else:
+        typer.echo(f"{done.ref}: {done.gguf.name} ({done.gguf.stat().st_size / 2**20:.0f} MB, {done.quantization}, "
+                   f"llama.cpp {done.llamacpp_version}) sha256 {done.sha256[:16]}, logged on run {done.run_id}")
+
+
 def register(app: typer.Typer) -> None:
-    """Add `serve` and `serve-keys` to the top-level app."""
+    """Add `serve`, `serve-keys` and `release` to the top-level app."""
     app.command("serve")(serve)
     app.add_typer(keys_app, name="serve-keys")
+    app.add_typer(release_app, name="release")

@@ -119,6 +119,21 @@ class TrainConfig(Section):
     smoke: SmokeSection = Field(default_factory=SmokeSection)
     deepspeed: DeepSpeedSection = Field(default_factory=DeepSpeedSection)
     max_context: int | None = Field(None, ge=16, description="served context (default: the base model's)")
+    serve_engine: str = Field("hf", description="the engine the version's deployment profile names: hf, llamacpp "
+                              "(CPU, GGUF) or vllm (GPU); evals and servers of the version run on it")
+    serve_quantization: str | None = Field(None, description="the GGUF type the profile names on llamacpp (f16, "
+                                           "q8_0, q4_k_m); none serves the weights as trained")
+
+    @field_validator("serve_quantization")
+    @classmethod
+    def _known_quantization(cls, value: str | None) -> str | None:
+        from mlops.profile import QUANTIZATIONS
+
+        if value is not None and value not in QUANTIZATIONS:
+            from mlops.errors import did_you_mean
+
+            raise ValueError(f"unknown quantization '{value}': {did_you_mean(value, QUANTIZATIONS)}")
+        return value
     final_model: bool = volatile(True, description="consolidate, merge and log the final model")
     peak_flops: float | None = volatile(None, gt=0, description="peak FLOP/s for MFU (default: measured)")
     progress: bool = volatile(True, description="show a progress bar on rank 0")

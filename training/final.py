@@ -53,7 +53,7 @@ def build_final_model(base_path: str, t, seed: int, ckpt: Path, out: Path, *, ma
     model.save_pretrained(staging)
     AutoTokenizer.from_pretrained(base_path).save_pretrained(staging)
     context = max_context or int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
-    default_profile(staging, max_context=context).save(staging)
+    default_profile(staging, max_context=context, engine=t.serve_engine, quantization=t.serve_quantization).save(staging)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(staging, out)
     return out

@@ -42,15 +42,20 @@ def gguf_for(model_path: Path, quantization: str, *, out_dir: Path | None = None
     if not (model_path / "config.json").is_file():
         raise ConfigError(f"{model_path} is neither a .gguf file nor an HF model folder (no config.json). Fix: "
                           "serve a registered model version or a GGUF file.")
-    from mlops.model_refs import model_content_id
-
     install = install or find_install()
-    target = (out_dir or artifact_dir()) / f"{model_content_id(model_path)}-{install.version}" / \
-        f"model-{quantization}.gguf"
+    target = cached_path(model_path, quantization, install.version, out_dir)
     if target.is_file():
         return target
     convert(model_path, target, quantization, install)
     return target
+
+
+def cached_path(model_path: Path, quantization: str, llamacpp_version: str, out_dir: Path | None = None) -> Path:
+    """Where the GGUF of a folder's weights lives in the content-addressed artifact cache."""
+    from mlops.model_refs import model_content_id
+
+    return (out_dir or artifact_dir()) / f"{model_content_id(model_path)}-{llamacpp_version}" / \
+        f"model-{quantization}.gguf"
 
 
 def convert(model_path: Path, target: Path, quantization: str, install: LlamaCppInstall) -> Path:
