@@ -49,7 +49,8 @@ def _lm_eval(server: ServerProcess, hf_dir: Path, name: str, profile: Deployment
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    common = {"model": name, "header": server.headers, "max_length": profile.max_context, "num_concurrent": eval_cfg.concurrency,
+    common = {"model": name, "header": server.headers, "max_length": server.max_model_len(),
+              "num_concurrent": eval_cfg.concurrency,
               "timeout": eval_cfg.request_timeout, "max_retries": 3, "seed": profile.sampling.seed or seed}
     mc, gen = tasks or prepare_tasks(suites)
     options = {"task_manager": TaskManager(include_defaults=False), "limit": eval_cfg.limit, "log_samples": True,

@@ -50,15 +50,23 @@ def gate_outcome(content_id: str | None) -> dict | None:
         return None
     run_id, report = found
     checks = report.get("checks") or []
-    moved = sorted((c for c in checks if c.get("delta") is not None and c.get("rule") != "coverage"),
+    moved = sorted((c for c in checks if c.get("delta") is not None and c.get("rule") not in ("coverage",
+                                                                                               "quantization")),
                    key=lambda c: abs(c["delta"]), reverse=True)
     evidence = (report.get("settings") or {}).get("evidence") or {}
     mine = evidence.get("challenger") or {}
+    quant = [c for c in checks if c.get("rule") == "quantization" and c.get("delta") is not None]
     return {"gate_run": run_id, "result": report.get("result"), "champion": report.get("champion"),
             "reasons": report.get("reasons") or [],
             "main_deltas": [{k: c.get(k) for k in ("name", "against", "rule", "delta", "lo", "hi", "passed")}
                             for c in moved[:4]],
             "eval_run": mine.get("eval_run_id"),
+            "quantization": None if not quant else {
+                "form": (evidence.get("reference") or {}).get("release_form"),
+                "reference_eval_run": (evidence.get("reference") or {}).get("eval_run_id"),
+                "worst": {k: min(quant, key=lambda c: c["delta"]).get(k) for k in ("name", "delta")},
+                "failed": [c["name"] for c in quant if not c.get("passed")],
+                "max_drop": (report.get("settings") or {}).get("quantization_max_drop")},
             "scores": eval_scores(mine.get("eval_run_id"), (report.get("settings") or {}).get("z", 1.645))}
 
 
@@ -123,6 +131,11 @@ def render(report: dict) -> str:
                     what = f"delta {d['delta']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"
                 lines.append(f"      {d['name']} vs {d['against']} ({d['rule']}): {what} "
                              f"{'ok' if d['passed'] else 'FAILED'}")
+            q = gate.get("quantization")
+            if q:
+                verdict = f"FAILED on {', '.join(q['failed'])}" if q["failed"] else "ok"
+                lines.append(f"      quantization: {q['form']} vs as trained (eval run {q['reference_eval_run']}): "
+                             f"worst {q['worst']['name']} {q['worst']['delta']:+.3f} (max drop {q['max_drop']}) {verdict}")
         else:
             lines.append("      no stored gate report")
         for b in v["blocking"]:

@@ -83,7 +83,7 @@ def serve(
             shadow_follower.attach(app.state.ctx.shadow.slot).start()
 
     if serve_cfg.engine_for(chosen) == "llamacpp" and resolved.kind == "version":
-        from serving.package import fetch_packaged
+        from serving.engines.llamacpp.package import fetch_packaged
 
         quant = serve_cfg.engine_options("llamacpp", chosen)["quantization"]
         if (packaged := fetch_packaged(resolved, quant)) is not None:
@@ -246,7 +246,7 @@ def release_package(
 
     from mlops.errors import ConfigError
     from mlops.profile import QUANTIZATIONS
-    from serving.package import package
+    from serving.engines.llamacpp.package import package
 
     if quant not in QUANTIZATIONS:
         raise ConfigError(f"--quant {quant} is not a GGUF type this stack serves; use one of {', '.join(QUANTIZATIONS)}.")

@@ -14,6 +14,11 @@ from serving.api_schema import ApiError, ChatRequest, CompletionRequest, parse_b
 from serving.engine import GenParams
 
 
+def context_limit(profile, engine) -> int:
+    """Tokens one request may hold: the profile's context, or less where the engine holds less."""
+    return min(profile.max_context, getattr(engine, "max_context", None) or profile.max_context)
+
+
 class View:
     """A request's view of the server: the model name, the serving it leased, the configured limits."""
 
@@ -35,7 +40,7 @@ class View:
         return ids
 
     def max_tokens(self, requested: int | None, prompt_len: int, param: str = "max_tokens") -> int:
-        limit = self.profile.max_context
+        limit = context_limit(self.profile, self.engine)
         if prompt_len >= limit:
             raise ApiError(400, f"the prompt has {prompt_len} tokens; this model's context is {limit} tokens, "
                            "which must also hold at least one generated token.", param="prompt",

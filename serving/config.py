@@ -63,8 +63,9 @@ class LlamaCppConfig(StrictModel):
                                      "q8_0, q4_k_m); default: the profile's quantization, else q8_0. A .gguf "
                                      "artifact is served as it is")
     parallel: int = Field(16, ge=1, le=256, description="llama-server slots: generations decoded together")
-    context_per_slot: int | None = Field(None, ge=64, description="KV cache tokens per slot (default: the "
-                                         "profile's max_context)")
+    context_per_slot: int | None = Field(None, ge=64, description="tokens one request may hold (each slot's KV "
+                                         "cache, the scorer's context); default: the profile's max_context, at "
+                                         "most 4096. Longer requests get a 400 naming the limit")
     batch_threads: int | None = Field(None, ge=1, description="threads for prompt processing (default: threads)")
     start_timeout: float = Field(120.0, gt=0, description="seconds llama-server may take to load the model")
 
@@ -124,8 +125,10 @@ class ServeConfig(StrictModel):
         """The settings of `engine` (its own section, when it has one), the profile's quantization filled in."""
         section = getattr(self, engine, None)
         options = section.model_dump() if isinstance(section, StrictModel) else {}
-        if engine == "llamacpp" and options.get("quantization") is None:
-            options["quantization"] = profile.quantization or "q8_0"
+        if engine == "llamacpp":
+            options["quantization"] = options.get("quantization") or profile.quantization or "q8_0"
+            # a slot's KV cache and the scorer's logits grow with it: the profile's context, at most 4096
+            options["context_per_slot"] = options.get("context_per_slot") or min(profile.max_context, 4096)
         return options
 
     @field_validator("engine")

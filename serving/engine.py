@@ -126,6 +126,9 @@ class Engine(Protocol):
     name: str  # the engine's registered name ("hf", "llamacpp", "vllm")
     model_path: Path  # the artifact it loaded (an HF folder, a GGUF file)
     vocab_size: int
+    # Tokens one request may hold (prompt + completion) when the engine holds less than the profile's context
+    # (llama.cpp's slot size); None: the profile's max_context.
+    max_context: int | None
     # Lower priority (a shadow model): while this returns True the engine stands aside between steps.
     yield_to: Callable[[], bool] | None
     # Told (kind "score" or "generate", rows, tokens) for each batch the engine runs (metrics).

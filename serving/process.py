@@ -91,6 +91,13 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def max_model_len(self) -> int:
+        """The context the served model takes per request (the engine's, where it holds less than the profile)."""
+        import httpx
+
+        models = httpx.get(f"{self.url}/v1/models", headers=self.headers, timeout=30).json()["data"]
+        return int(models[0]["max_model_len"])
+
     def check_alive(self) -> None:
         if not self.alive():
             code = self.proc.returncode if self.proc else None

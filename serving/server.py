@@ -94,7 +94,7 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None, request_log=No
     from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
 
-    from serving.completions import View, prepare_chat, prepare_completion, run
+    from serving.completions import View, context_limit, prepare_chat, prepare_completion, run
     from serving.http import ServingMiddleware
     from serving.request_log import parse_feedback, request_messages
     from serving.streaming import stream
@@ -160,7 +160,7 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None, request_log=No
     def model_card(request: Request) -> dict:
         serving = request.state.serving
         return {"id": slot.name, "object": "model", "created": serving.loaded_at, "owned_by": "mlops",
-                "version": serving.version, "max_model_len": serving.profile.max_context,
+                "version": serving.version, "max_model_len": context_limit(serving.profile, serving.engine),
                 "engine": serving.engine.name, "quantization": serving.profile.quantization,
                 "profile_hash": serving.profile.profile_hash()}
 
@@ -179,14 +179,15 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None, request_log=No
         info, template = serving.engine.tokenizer_info(), serving.engine.chat_template()
         return {
             "tokenizer_class": info.tokenizer_class, "eos_token": info.eos_token, "bos_token": info.bos_token,
-            "pad_token": info.pad_token, "model_max_length": serving.profile.max_context, "vocab_size": info.vocab_size,
+            "pad_token": info.pad_token, "model_max_length": context_limit(serving.profile, serving.engine),
+            "vocab_size": info.vocab_size,
             "chat_template": template, "chat_template_hash": chat_template_hash(template),
         }
 
     def _tokenize(v: View, raw: bytes) -> dict:
         body = parse_body(raw, TokenizeRequest)
         tokens = v.engine.tokenize(body.prompt, add_special_tokens=body.add_special_tokens)
-        return {"tokens": tokens, "count": len(tokens), "max_model_len": v.profile.max_context}
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": context_limit(v.profile, v.engine)}
 
     def _detokenize(v: View, raw: bytes) -> dict:
         body = parse_body(raw, DetokenizeRequest)

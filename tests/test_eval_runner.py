@@ -319,6 +319,12 @@ def test_a_quantized_release_form_is_gated_against_the_same_version_as_trained(m
     assert not failed.report.passed
     assert any(r.startswith("biz_billing_mc loses 0.240 on llamacpp q8_0") for r in failed.report.reasons)
     assert any(r.startswith("business loses") and "quantization_max_suite_drop" in r for r in failed.report.reasons)
+    from mlops.model_refs import resolve_model_ref
+    from registry.report import gate_outcome
+
+    shown = gate_outcome(resolve_model_ref(ref).key)["quantization"]  # what `mlops registry report` prints
+    assert shown["form"] == "llamacpp q8_0" and {"biz_billing_mc", "business"} <= set(shown["failed"])
+    assert shown["worst"] == {"name": "biz_billing_mc", "delta": pytest.approx(-0.24)}
 
 
 def test_eval_runs_through_the_engine_and_weights_the_profile_names(mlops_home, tiny_model, tmp_path, request):

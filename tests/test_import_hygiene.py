@@ -115,7 +115,9 @@ def test_the_api_layer_depends_on_the_engine_contract_only():
     for path in sorted((REPO / "serving").glob("*.py")):
         engines = [m for m in imported_modules(path.read_text(encoding="utf-8"))
                    if m == "serving.engines" or m.startswith("serving.engines.")]
-        if engines and path.name != "engine.py":  # the contract loads the built-in registrations lazily
+        # the contract loads the built-in registrations lazily; the CLI is the composition root (`release package`
+        # drives llama.cpp's own converter), not the API layer
+        if engines and path.name not in ("engine.py", "cli.py"):
             offenders[path.relative_to(REPO).as_posix()] = engines
     assert offenders == {}, f"API modules import engine modules: {offenders}"
 

@@ -13,7 +13,7 @@ def test_package_logs_the_gguf_on_the_version_and_serving_fetches_exactly_it(mlo
     from mlops.files import file_sha256
     from mlops.model_refs import resolve_model_ref
     from mlops.run_store import get_run
-    from serving.package import PackageMismatch, fetch_packaged, package
+    from serving.engines.llamacpp.package import PackageMismatch, fetch_packaged, package
     from tests.test_eval_runner import _register_with_profile
 
     request.getfixturevalue("tiny_gguf")  # llama.cpp is built (or this says why not)

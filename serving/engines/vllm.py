@@ -56,6 +56,8 @@ class VllmEngine:
                                   timeout=httpx.Timeout(timeout, connect=10.0),
                                   limits=httpx.Limits(max_connections=workers))
         self.model = model or self._only_model()
+        listed = {m["id"]: m for m in self._get("/v1/models").get("data", [])}
+        self.max_context = listed.get(self.model, {}).get("max_model_len")
         info = self._get("/tokenizer_info")
         self._info = TokenizerInfo(info.get("tokenizer_class", "vLLM"), _text(info.get("eos_token")),
                                    _text(info.get("bos_token")), _text(info.get("pad_token")),

@@ -54,6 +54,7 @@ class Engine:
     """A causal LM loaded once, served by a single worker thread (the `hf` engine: the float32 reference)."""
 
     name = "hf"
+    max_context = None  # the profile's: the model takes any length it was trained for
 
     def __init__(self, model_dir: Path | str, *, max_batch_tokens: int = 4096, max_gen_batch: int = 8,
                  slice_steps: int = 16, threads: int | None = None) -> None:

@@ -62,6 +62,7 @@ class LlamaCppEngine:
 
         self.model_path = Path(gguf)
         self.threads, self.parallel = threads, parallel
+        self.max_context = ctx_per_slot
         self.scorer = PromptScorer(self.model_path, n_ctx=ctx_per_slot, threads=batch_threads or threads)
         self.llm = self.scorer.llm  # tokenizer and metadata
         self.vocab_size = self.scorer.vocab_size
