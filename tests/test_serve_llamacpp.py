@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -180,3 +181,22 @@ def test_lm_eval_loglikelihoods_through_llamacpp_match_in_process_hf(served, tin
             for ours, served_ in zip(sample["resps"], theirs[doc_id]["resps"], strict=True):
                 worst = max(worst, abs(ours[0][0] - served_[0][0]))
     assert worst < F16_TOLERANCE, f"max |delta loglikelihood| {worst:.4f} on f16"
+
+
+@pytest.mark.parametrize("quantization", ["q8_0", "q4_k_m"])
+def test_every_quantized_form_loads_scores_and_generates_on_this_machine(tiny_model, tiny_gguf, quantization):
+    """Each GGUF type a profile may name runs here: a build for the wrong ISA dies of SIGILL in its first
+    quantized matrix product (llama.cpp's AMX q8_0 kernels on a VM that lists AMX without enabling it)."""
+    from serving.engine import EngineSpec, build_engine
+    from serving.engines.llamacpp.artifact import gguf_for
+
+    gguf = gguf_for(Path(tiny_model["path"]), quantization, out_dir=tiny_gguf.parent.parent)
+    assert gguf.name == f"model-{quantization}.gguf" and gguf.stat().st_size < tiny_gguf.stat().st_size
+    engine = build_engine(gguf, EngineSpec("llamacpp", threads=1, options={"parallel": 2, "context_per_slot": 256}))
+    try:
+        ids = engine.tokenize(PROMPTS[0])
+        scored = engine.score([ids]).result(timeout=60)[0]
+        assert len(scored.token_logprobs) == len(ids) + 1 and all(lp < 0 for lp in scored.token_logprobs[1:])
+        assert engine.generate(ids, GenParams(max_tokens=4)).future.result(timeout=60).tokens
+    finally:
+        engine.close()
