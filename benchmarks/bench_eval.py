@@ -82,7 +82,8 @@ def deployment(path: str, limit: int, tasks: list[str] | None, batch_size: int, 
     profile_file = profile.save_as(work / "profile.yaml")
     cfg = EvalConfig(limit=limit, batch_size=batch_size, concurrency=concurrency, bootstrap_iters=0)
     # The benchmark's system prompt is not the base model's released profile: serve it forced.
-    with ServerProcess(Path(path), profile_file, "bench", work / "server.log", force_profile=True) as server:
+    with ServerProcess(Path(path), profile_file, "bench", work / "server.log", force_profile=True,
+                       threads=cfg.server_threads or os.cpu_count()) as server:  # as `mlops eval` serves it
         server.launch()
         tasks_ready = prepare_tasks(suites)  # as `mlops eval` does: overlaps the model load
         server.wait_healthy(600)

@@ -61,6 +61,9 @@ class EvalConfig(StrictModel):
     bootstrap_iters: int = Field(1000, ge=0, description="lm-eval bootstrap iterations for non-mean metrics")
     use_cache: bool = volatile(True, description="reuse responses cached per model version and profile")
     server_start_timeout: float = volatile(300.0, gt=0, description="seconds to wait for the server's /health")
+    server_threads: int | None = volatile(None, ge=1, description="compute threads of the eval's server (default: "
+                                          "every core; during an eval it is the only busy process, lm-eval waits "
+                                          "on it). Set 1 on a box shared with other jobs")
     request_timeout: int = volatile(600, ge=1, description="seconds per request before lm-eval retries")
     gate: GateConfig = Field(default_factory=GateConfig)
     contamination: ContaminationConfig = Field(default_factory=ContaminationConfig)

@@ -10,6 +10,7 @@ finished; a server that dies mid-run fails the run with its log attached.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -162,7 +163,7 @@ def run_eval(cfg, ref: str, *, suites: list[str] | str | None = None, profile_pa
             **{f"suite.{s.name}.fingerprint": s.fingerprint[:16] for s in suite_objs},
         })
         server = ServerProcess(model.hf_dir, profile_file, model.served_name, work / "server.log",
-                               force_profile=forced)
+                               force_profile=forced, threads=eval_cfg.server_threads or os.cpu_count())
         try:
             with server:
                 server.launch()

@@ -27,7 +27,8 @@ class ServerError(MLOpsError):
 class ServerProcess:
     """`mlops serve` for one HF folder and profile file, as a context manager."""
 
-    def __init__(self, hf_dir: Path, profile_file: Path, name: str, log_path: Path, *, force_profile: bool = False):
+    def __init__(self, hf_dir: Path, profile_file: Path, name: str, log_path: Path, *, force_profile: bool = False,
+                 threads: int | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_path)
@@ -37,6 +38,7 @@ class ServerProcess:
             sys.executable, "-m", "mlops", "serve", "--model", str(hf_dir), "--profile", str(profile_file),
             "--name", name, "--host", "127.0.0.1", "--port", str(self.port), "--keys-file", str(self.keys_file),
             *(["--force-profile"] if force_profile else []),
+            *(["--threads", str(threads)] if threads else []),
             "serve.request_log.enabled=false",  # eval traffic is no user traffic: never harvested or spot-checked
         ]
         self.proc: subprocess.Popen | None = None
