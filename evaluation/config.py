@@ -34,7 +34,7 @@ class GateConfig(StrictModel):
     )
     quantization_max_drop: float = Field(
         0.10, ge=0, le=1, description="a quantized release form may score at most this much below the same version "
-        "on hf as trained, on any task (same items, so the point difference is compared)"
+        "on hf as trained, on any task (judged on the interval, as `mode` says)"
     )
     quantization_max_suite_drop: float = Field(
         0.03, ge=0, le=1, description="the same, on each dimension suite's n-weighted aggregate (business)"

@@ -18,7 +18,9 @@ passes it only when the interval lies wholly above it.
 
 A quantized release form (a profile naming a GGUF type) is also held to the same version's reference form (hf,
 weights as trained), evaluated on the same items: no task may lose more than `quantization_max_drop`, and no
-dimension suite's aggregate more than `quantization_max_suite_drop` (`quantization_checks`).
+dimension suite's aggregate more than `quantization_max_suite_drop`, judged on the interval like every other
+rule (`mode`): 12 items per task cannot tell a one-answer flip from a regression, the suite's aggregate can
+(`quantization_checks`).
 """
 
 from __future__ import annotations
@@ -149,7 +151,7 @@ def _must_beat(challenger: dict, cfg) -> list[Check]:
 
 def quantization_checks(quantized: dict, reference: dict, cfg, form: str) -> list[Check]:
     """The release form (`form`, e.g. 'llamacpp q8_0') against the same version as trained, task by task and on
-    each dimension suite's aggregate. Both evals ran the same items, so the point difference is the measure."""
+    each dimension suite's aggregate (the interval is the unpaired one: conservative for the same items)."""
     label = "as trained (hf)"
     mine = {row["name"]: Score.from_dict(row) for row in quantized.get("tasks", [])}
     theirs = {row["name"]: Score.from_dict(row) for row in reference.get("tasks", [])}
@@ -166,11 +168,13 @@ def quantization_checks(quantized: dict, reference: dict, cfg, form: str) -> lis
             checks.append(Check(name, label, "coverage", None, ref.value, None, None, None, False,
                                 f"{name} was evaluated as trained but not on {form}"))
             continue
-        delta = score.value - ref.value
-        passed = -delta <= allowed + 1e-9
+        delta, lo, hi = _interval(score, ref, cfg.z)
+        passed = (hi >= -allowed) if cfg.mode == "noise_tolerant" else (lo >= -allowed)
+        bound = hi if cfg.mode == "noise_tolerant" else lo
         why = (f"{name} loses {-delta:.3f} on {form} against the same version {label} "
-               f"({score.value:.3f} vs {ref.value:.3f}), more than {setting} {allowed:.3f}")
-        checks.append(Check(name, label, "quantization", score.value, ref.value, delta, None, None, passed,
+               f"({score.value:.3f} vs {ref.value:.3f}, interval [{lo:+.3f}, {hi:+.3f}]): beyond {setting} "
+               f"{allowed:.3f} ({'upper' if cfg.mode == 'noise_tolerant' else 'lower'} bound {bound:+.3f})")
+        checks.append(Check(name, label, "quantization", score.value, ref.value, delta, lo, hi, passed,
                             "" if passed else why))
     return checks
 

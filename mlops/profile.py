@@ -31,6 +31,15 @@ class SamplingParams(StrictModel):
     seed: int | None = Field(1234, description="sampling seed")
 
 
+def known_quantization(value: str | None) -> str | None:
+    """A GGUF type this stack serves, or None; anything else fails naming the choices (config validators)."""
+    if value is not None and value not in QUANTIZATIONS:
+        from mlops.errors import did_you_mean
+
+        raise ValueError(f"unknown quantization '{value}': {did_you_mean(value, QUANTIZATIONS)}")
+    return value
+
+
 class DeploymentProfile(StrictModel):
     schema_version: int = Field(SCHEMA_VERSION, description="profile schema version")
     system_prompt: str | None = Field(None, description="system message prepended to every chat")
@@ -46,11 +55,7 @@ class DeploymentProfile(StrictModel):
     @field_validator("quantization")
     @classmethod
     def _known_quantization(cls, value: str | None) -> str | None:
-        if value is not None and value not in QUANTIZATIONS:
-            from mlops.errors import did_you_mean
-
-            raise ValueError(f"unknown quantization '{value}': {did_you_mean(value, QUANTIZATIONS)}")
-        return value
+        return known_quantization(value)
 
     @field_validator("stop")
     @classmethod

@@ -64,7 +64,7 @@ def gate_outcome(content_id: str | None) -> dict | None:
             "quantization": None if not quant else {
                 "form": (evidence.get("reference") or {}).get("release_form"),
                 "reference_eval_run": (evidence.get("reference") or {}).get("eval_run_id"),
-                "worst": {k: min(quant, key=lambda c: c["delta"]).get(k) for k in ("name", "delta")},
+                "worst": {k: min(quant, key=lambda c: c["delta"]).get(k) for k in ("name", "delta", "lo", "hi")},
                 "failed": [c["name"] for c in quant if not c.get("passed")],
                 "max_drop": (report.get("settings") or {}).get("quantization_max_drop")},
             "scores": eval_scores(mine.get("eval_run_id"), (report.get("settings") or {}).get("z", 1.645))}
@@ -135,7 +135,8 @@ def render(report: dict) -> str:
             if q:
                 verdict = f"FAILED on {', '.join(q['failed'])}" if q["failed"] else "ok"
                 lines.append(f"      quantization: {q['form']} vs as trained (eval run {q['reference_eval_run']}): "
-                             f"worst {q['worst']['name']} {q['worst']['delta']:+.3f} (max drop {q['max_drop']}) {verdict}")
+                             f"worst {q['worst']['name']} {q['worst']['delta']:+.3f} [{q['worst']['lo']:+.3f}, "
+                             f"{q['worst']['hi']:+.3f}] (max drop {q['max_drop']}) {verdict}")
         else:
             lines.append("      no stored gate report")
         for b in v["blocking"]:

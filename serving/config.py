@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from mlops.config import StrictModel
-from mlops.profile import QUANTIZATIONS
+from mlops.profile import known_quantization
 
 DEFAULT_KEYS_FILE = ".mlops/serve/api_keys.json"
 
@@ -72,11 +72,7 @@ class LlamaCppConfig(StrictModel):
     @field_validator("quantization")
     @classmethod
     def _known_quantization(cls, value: str | None) -> str | None:
-        if value is not None and value not in QUANTIZATIONS:
-            from mlops.errors import did_you_mean
-
-            raise ValueError(f"unknown quantization '{value}': {did_you_mean(value, QUANTIZATIONS)}")
-        return value
+        return known_quantization(value)
 
 
 class VllmConfig(StrictModel):

@@ -1,5 +1,5 @@
 """Every malformed input gets a 400 naming the field, never a 500 with internal text; unsupported OpenAI fields
-are refused instead of silently ignored."""
+are refused instead of silently ignored; on every engine."""
 
 from __future__ import annotations
 
@@ -11,15 +11,19 @@ from mlops.profile import SamplingParams, load_profile
 
 
 @pytest.fixture(scope="module")
-def client(tiny_model):
+def client(tiny_model, engine_name, request):
+    """The app on each engine in turn (`hf`, `llamacpp`): bad input is refused before any engine sees it."""
     from fastapi.testclient import TestClient
 
     from serving.config import ServeConfig
     from serving.server import create_app
+    from tests.conftest import build_test_engine
 
+    gguf = request.getfixturevalue("tiny_gguf") if engine_name == "llamacpp" else None
     profile = load_profile(tiny_model["path"]).model_copy(
         update={"max_context": 256, "sampling": SamplingParams(temperature=0.0, max_tokens=4, seed=7)})
-    app = create_app(tiny_model["path"], profile, model_name="tiny", config=ServeConfig(max_prompts=4))
+    app = create_app(tiny_model["path"], profile, model_name="tiny", config=ServeConfig(max_prompts=4),
+                     engine=build_test_engine(engine_name, tiny_model, gguf))
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
 

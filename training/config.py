@@ -127,13 +127,9 @@ class TrainConfig(Section):
     @field_validator("serve_quantization")
     @classmethod
     def _known_quantization(cls, value: str | None) -> str | None:
-        from mlops.profile import QUANTIZATIONS
+        from mlops.profile import known_quantization
 
-        if value is not None and value not in QUANTIZATIONS:
-            from mlops.errors import did_you_mean
-
-            raise ValueError(f"unknown quantization '{value}': {did_you_mean(value, QUANTIZATIONS)}")
-        return value
+        return known_quantization(value)
     final_model: bool = volatile(True, description="consolidate, merge and log the final model")
     peak_flops: float | None = volatile(None, gt=0, description="peak FLOP/s for MFU (default: measured)")
     progress: bool = volatile(True, description="show a progress bar on rank 0")

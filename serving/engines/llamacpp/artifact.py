@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from mlops.errors import ConfigError, MLOpsError
-from serving.config import QUANTIZATIONS
+from mlops.profile import QUANTIZATIONS
 from serving.engines.llamacpp.install import LlamaCppInstall, find_install
 
 log = logging.getLogger("mlops.serve")
