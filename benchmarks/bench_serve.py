@@ -23,7 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
-CHAT = "/v1/chat/completions"
+from serving.loadgen import CHAT
+from serving.loadgen import chat_body as _body
+from serving.loadgen import percentile as _percentile
+from serving.loadgen import stream_once as _stream
+
 POISON = [  # (raw JSON body, what it tests); every one must fail alone (400) or be served (200), never 500
     ('{"messages": [{"role": "user", "content": "hi"}], "seed": 18446744073709551616}', "seed beyond 64 bits"),
     ('{"messages": [{"role": "user", "content": "bad \\ud800 text"}]}', "lone surrogate"),
@@ -34,50 +38,6 @@ POISON = [  # (raw JSON body, what it tests); every one must fail alone (400) or
     ('{"messages": [{"role": "user", "content": "hi"}], "top_p": 1e-300, "temperature": 2, "max_tokens": 8}',
      "degenerate top_p"),
 ]
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))] if ordered else float("nan")
-
-
-def _body(i: int, max_tokens: int) -> dict:
-    return {"model": "bench", "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": f"Question {i}: where is my order and when will it arrive?"}]}
-
-
-async def _stream(client, body: dict, disconnect_after: int | None = None) -> dict:
-    started = time.perf_counter()
-    out = {"status": None, "ttft": None, "tokens": 0, "done": False, "latency": None}
-    chunks = 0
-    async with client.stream("POST", CHAT, json=body) as response:
-        out["status"] = response.status_code
-        if response.status_code != 200:
-            await response.aread()
-            return out
-        async for line in response.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            data = line[len("data: "):]
-            if data == "[DONE]":
-                out["done"] = True
-                break
-            chunk = json.loads(data)
-            if "error" in chunk:
-                out["status"] = "error-in-stream"
-                break
-            if not chunk["choices"] and chunk.get("usage"):
-                out["tokens"] = chunk["usage"]["completion_tokens"]
-            elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                chunks += 1
-                if out["ttft"] is None:
-                    out["ttft"] = time.perf_counter() - started
-                if disconnect_after and chunks >= disconnect_after:
-                    out["status"] = "disconnected"
-                    break  # leaving the block closes the connection mid-stream
-    out["latency"] = time.perf_counter() - started
-    return out
 
 
 async def _raw(client, raw: str) -> int:

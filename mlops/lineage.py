@@ -72,6 +72,7 @@ class Tag(StrEnum):
     GGUF_SHA256 = "mlops.gguf_sha256"
     GGUF_QUANTIZATION = "mlops.gguf_quantization"
     LLAMACPP_VERSION = "mlops.llamacpp_version"  # the llama.cpp build (llama-cpp-python release) that made it
+    CAPACITY_RUN = "mlops.capacity_run_id"  # on a version: its capacity run (`mlops release capacity`)
     GATE_EVAL = "gate.eval"
     GATE_REASONS = "gate.eval.reasons"
     GATE_RUN = "gate.eval.run_id"

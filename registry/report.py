@@ -134,9 +134,10 @@ def render(report: dict) -> str:
             q = gate.get("quantization")
             if q:
                 verdict = f"FAILED on {', '.join(q['failed'])}" if q["failed"] else "ok"
+                w = q["worst"]
+                interval = f" [{w['lo']:+.3f}, {w['hi']:+.3f}]" if w.get("lo") is not None else ""
                 lines.append(f"      quantization: {q['form']} vs as trained (eval run {q['reference_eval_run']}): "
-                             f"worst {q['worst']['name']} {q['worst']['delta']:+.3f} [{q['worst']['lo']:+.3f}, "
-                             f"{q['worst']['hi']:+.3f}] (max drop {q['max_drop']}) {verdict}")
+                             f"worst {w['name']} {w['delta']:+.3f}{interval} (max drop {q['max_drop']}) {verdict}")
         else:
             lines.append("      no stored gate report")
         for b in v["blocking"]:

@@ -260,6 +260,25 @@ def release_package(
                    f"llama.cpp {done.llamacpp_version}) sha256 {done.sha256[:16]}, logged on run {done.run_id}")
 
 
+@release_app.command("capacity")
+def release_capacity(
+    model: str = typer.Argument(..., help="models:/<name>/<version> (or @alias)"),
+    levels: str = typer.Option("1,2,4,8,16,32", help="concurrency levels, comma-separated"),
+    requests: int = typer.Option(16, min=1, help="streamed chats per level (at least the concurrency)"),
+    max_tokens: int = typer.Option(32, min=1, help="new tokens per chat"),
+    soak: float = typer.Option(60.0, min=1, help="seconds of soak at the knee"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+) -> None:
+    """Latency by concurrency to the knee, the throughput ceiling and a soak, stored on the version."""
+    import json
+
+    from serving.capacity import measure_capacity, render
+
+    run_id, report = measure_capacity(model, levels=tuple(int(c) for c in levels.split(",") if c.strip()),
+                                      requests=requests, max_tokens=max_tokens, soak_s=soak)
+    typer.echo(json.dumps(report, indent=2) if as_json else f"{render(report)}\ncapacity run: {run_id}")
+
+
 def register(app: typer.Typer) -> None:
     """Add `serve`, `serve-keys` and `release` to the top-level app."""
     app.command("serve")(serve)

@@ -1,4 +1,5 @@
-"""Version: the full lineage chain, the deployment profile, gates with reasons, contamination, its ledger."""
+"""Version: the full lineage chain, the deployment profile, gates with reasons, contamination, capacity, its
+ledger."""
 
 import pandas as pd
 import streamlit as st
@@ -147,6 +148,19 @@ with ui.guard("Contamination"):
                     f"with {found.get('ngram', '?')}-grams against snapshot `{tags.get(Tag.SNAPSHOT_ID)}`.")
         if count:
             st.dataframe(pd.DataFrame(found["offending"]), hide_index=True, width="stretch")
+
+st.subheader("Capacity")
+with ui.guard("Capacity"):
+    capacity = data.run_json(store, tags.get(Tag.CAPACITY_RUN), "capacity/capacity.json")
+    if capacity is None:
+        st.caption(f"Not measured. Run `mlops release capacity models:/{model}/{version}` before release.")
+    else:
+        st.markdown(f"On **{capacity['deployment_form']}**, {capacity['max_tokens']} new tokens per streamed chat "
+                    f"(measured {capacity['measured']}): ceiling **{capacity['ceiling_tokens_per_s']:.1f} tok/s**, "
+                    f"knee at **c={capacity['knee']['concurrency']}**; soak RSS drift {capacity['rss_drift']:.2f}, "
+                    f"tokens/s drift {capacity['tokens_per_s_drift']:.2f}, failures {capacity['failures']}.")
+        st.dataframe(pd.DataFrame(capacity["levels"])[["concurrency", "tokens_per_s", "p50_ms", "p95_ms", "p99_ms",
+                                                        "ttft_p50_ms", "failures"]], hide_index=True)
 
 st.subheader("Ledger")
 mine = [e.as_dict() for e in data.entries(store, model) if e.version == version]
