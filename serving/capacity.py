@@ -30,14 +30,22 @@ def drift(windows: list[dict], key: str) -> float:
     return last / first if first else float("nan")
 
 
-async def _measure(url: str, headers: dict, rss, *, levels, requests, max_tokens, soak_s, windows, share) -> dict:
+async def _measure(url: str, headers: dict, rss, *, name, levels, requests, max_tokens, soak_s, windows,
+                   share) -> dict:
+    import functools
+
     import httpx
 
-    from serving.loadgen import level
+    from mlops.errors import MLOpsError
+    from serving import loadgen
 
+    level = functools.partial(loadgen.level, model=name)
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600, limits=limits) as client:
-        await level(client, 1, 1, max_tokens)  # warm up
+        warm = await level(client, 1, 1, max_tokens)
+        if warm["failures"]:
+            raise MLOpsError(f"the server of '{name}' at {url} answered no streamed chat; nothing to measure. "
+                             "Its log is kept beside the capacity run's work folder.")
         rows = [await level(client, c, max(requests, c), max_tokens) for c in levels]
         at = knee(rows, share)
         soak, deadline = [], time.monotonic() + soak_s
@@ -79,7 +87,8 @@ def measure_capacity(ref: str, *, levels=LEVELS, requests: int = 16, max_tokens:
 
     with ServerProcess(model.hf_dir, profile_file, model.served_name, work / "server.log") as server:
         server.start(600)
-        report = asyncio.run(_measure(server.url, server.headers, rss_of(server.proc.pid), levels=levels,
+        report = asyncio.run(_measure(server.url, server.headers, rss_of(server.proc.pid),
+                                      name=model.served_name, levels=levels,
                                       requests=requests, max_tokens=max_tokens, soak_s=soak_s, windows=windows,
                                       share=share))
     report.update({"model_ref": ref, "deployment_form": profile.deployment_form(), "max_tokens": max_tokens,

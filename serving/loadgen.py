@@ -18,8 +18,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))] if ordered else float("nan")
 
 
-def chat_body(i: int, max_tokens: int) -> dict:
-    return {"model": "bench", "max_tokens": max_tokens, "temperature": 0, "stream": True,
+def chat_body(i: int, max_tokens: int, model: str = "bench") -> dict:
+    return {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": f"Question {i}: where is my order and when will it arrive?"}]}
 
@@ -70,13 +70,13 @@ def summarize(concurrency: int, wall: float, results: list[dict]) -> dict:
     }
 
 
-async def level(client, concurrency: int, requests: int, max_tokens: int) -> dict:
-    """`requests` streamed chats, `concurrency` at a time."""
+async def level(client, concurrency: int, requests: int, max_tokens: int, model: str = "bench") -> dict:
+    """`requests` streamed chats to `model`, `concurrency` at a time."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one(i: int) -> dict:
         async with gate:
-            return await stream_once(client, chat_body(i, max_tokens))
+            return await stream_once(client, chat_body(i, max_tokens, model))
 
     started = time.perf_counter()
     results = await asyncio.gather(*(one(i) for i in range(requests)))

@@ -89,7 +89,7 @@ def test_a_non_streaming_request_whose_client_disconnects_is_cancelled(served, m
 
     monkeypatch.setattr(engine, "generate", spy)
     host, port = url.removeprefix("http://").split(":")
-    body = b'{"prompt": "Once upon a time", "max_tokens": 1500, "temperature": 0}'
+    body = b'{"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0}'  # within every engine's context
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
@@ -97,7 +97,7 @@ def test_a_non_streaming_request_whose_client_disconnects_is_cancelled(served, m
         while not jobs and time.monotonic() < deadline:
             time.sleep(0.02)
         assert jobs, "the request never reached the engine"
-    # the client is gone: the generation stops long before its 1500 tokens
+    # the client is gone: the generation stops long before its 400 tokens
     result = jobs[0].future
     deadline = time.monotonic() + 30
     while not result.done() and time.monotonic() < deadline:
@@ -105,7 +105,7 @@ def test_a_non_streaming_request_whose_client_disconnects_is_cancelled(served, m
     assert result.done()
     assert jobs[0].cancelled.is_set() or result.cancelled()
     if not result.cancelled():
-        assert result.result().finish_reason == "cancelled" and len(result.result().tokens) < 1500
+        assert result.result().finish_reason == "cancelled" and len(result.result().tokens) < 400
 
 
 def test_poisoned_requests_among_innocent_ones_fail_alone(served):
