@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from serving.engines.hf.engine import Engine, GenParams
+from serving.engine import GenParams
+from serving.engines.hf.engine import Engine
 
 
 @pytest.fixture(scope="module")

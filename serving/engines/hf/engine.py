@@ -23,15 +23,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from serving.engine import (  # noqa: F401 - the shared types, re-exported for the engine's callers
+from serving.engine import (
     EngineClosed,
     EngineSpec,
-    Generated,
     GenerationHandle,
     GenParams,
-    Scored,
     TokenizerInfo,
-    default_threads,
 )
 
 log = logging.getLogger("mlops.serve")
@@ -220,8 +217,8 @@ class Engine:
 
     def _intake(self, block: bool) -> bool:
         """Move new jobs into the worker's queues; False once closed and idle."""
+        from serving.engine import settle
         from serving.engines.hf.decoding import Row
-        from serving.engines.hf.scheduling import settle
 
         while True:
             try:
