@@ -38,6 +38,7 @@ from serving.engine import (
     TokenizerInfo,
     settle,
 )
+from serving.engines.sse import stream_generation
 
 log = logging.getLogger("mlops.serve")
 TOKEN_ID = "token_id:"
@@ -176,30 +177,17 @@ class VllmEngine:
 
     def _stream(self, handle: GenerationHandle, ids: list[int], params: GenParams, on_text) -> Generated:
         body = generation_body(self.model, ids, params)
-        text, tokens, lps, tops, finish = [], [], [], [], "length"
-        with self._http.stream("POST", "/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                raise RuntimeError(f"vLLM answered {response.status_code}: {response.read().decode()[:300]}")
-            for line in response.iter_lines():
-                if handle.dropped():  # closing the stream aborts the request inside vLLM
-                    finish = "cancelled"
-                    break
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                choice = (json.loads(line[6:]).get("choices") or [None])[0]
-                if choice is None:
-                    continue
-                delta = delta_from_vllm(choice, self)
-                self.last_progress = time.monotonic()
-                if delta.tokens and handle.first_token_at is None:
-                    handle.first_token_at = time.perf_counter()
-                text.append(delta.text)
-                tokens, lps, tops = tokens + delta.tokens, lps + delta.logprobs, tops + delta.top_logprobs
-                if on_text is not None and (delta.text or delta.tokens):
-                    on_text(delta)
-                if choice.get("finish_reason"):
-                    finish = choice["finish_reason"]
-        return Generated("".join(text), tokens, lps, tops if params.logprobs else [], finish)
+        return stream_generation(self._http, "/v1/completions", body, handle, on_text, self._parse,
+                                 keep_tops=bool(params.logprobs), on_progress=self._progressed)
+
+    def _parse(self, event: dict) -> tuple[Delta | None, str | None]:
+        choice = (event.get("choices") or [None])[0]
+        if choice is None:  # the usage chunk
+            return None, None
+        return delta_from_vllm(choice, self), choice.get("finish_reason")
+
+    def _progressed(self) -> None:
+        self.last_progress = time.monotonic()
 
     # ------------------------------------------------------------------ health and lifecycle
 

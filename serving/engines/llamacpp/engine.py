@@ -12,7 +12,6 @@ penalties are switched off), greedy at temperature 0.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -33,6 +32,7 @@ from serving.engine import (
     TokenizerInfo,
     settle,
 )
+from serving.engines.sse import stream_generation
 
 log = logging.getLogger("mlops.serve")
 FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
@@ -217,33 +217,16 @@ class LlamaCppEngine:
                 "top_p": params.top_p, "seed": -1 if params.seed is None else params.seed,
                 "stop": [s for s in params.stop if s], "n_probs": params.logprobs or 0, "stream": True,
                 "return_tokens": True, "cache_prompt": True, **NEUTRAL_SAMPLING}
-        text, tokens, lps, tops, finish = [], [], [], [], "length"
-        with self._http.stream("POST", "/completion", json=body) as response:
-            if response.status_code != 200:
-                raise RuntimeError(f"llama-server answered {response.status_code}: {response.read().decode()[:300]}")
-            for line in response.iter_lines():
-                if handle.dropped():  # closing the stream makes llama-server stop this slot
-                    finish = "cancelled"
-                    break
-                if not line.startswith("data: "):
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    raise RuntimeError(f"llama-server: {chunk['error']}")
-                delta = _delta(chunk, self)
-                self.last_progress = time.monotonic()
-                if delta.tokens and handle.first_token_at is None:
-                    handle.first_token_at = time.perf_counter()
-                text.append(delta.text)
-                tokens += delta.tokens
-                lps += delta.logprobs
-                tops += delta.top_logprobs
-                if on_text is not None and (delta.text or delta.tokens):
-                    on_text(delta)
-                if chunk.get("stop"):
-                    finish = FINISH.get(chunk.get("stop_type"), "stop")
-                    break
-        return Generated("".join(text), tokens, lps, tops if params.logprobs else [], finish)
+        return stream_generation(self._http, "/completion", body, handle, on_text, self._parse,
+                                 keep_tops=bool(params.logprobs), on_progress=self._progressed)
+
+    def _parse(self, chunk: dict) -> tuple[Delta, str | None]:
+        if "error" in chunk:
+            raise RuntimeError(f"llama-server: {chunk['error']}")
+        return _delta(chunk, self), FINISH.get(chunk.get("stop_type"), "stop") if chunk.get("stop") else None
+
+    def _progressed(self) -> None:
+        self.last_progress = time.monotonic()
 
     # ------------------------------------------------------------------ health and lifecycle
 
