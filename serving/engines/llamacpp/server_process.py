@@ -48,8 +48,12 @@ class LlamaServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise LlamaServerError(f"llama-server exited with {self._proc.returncode} while loading {self.gguf}:"
-                                       f"\n{self.log_tail()}")
+                code = self._proc.returncode
+                hint = ("it died of SIGILL: this llama.cpp build uses instructions this CPU does not run. Fix: "
+                        "delete its folder under ~/.cache/mlops-llm and run `make install` to rebuild it"
+                        if code == -4 else "Fix: read its log above (a truncated or foreign GGUF fails here)")
+                raise LlamaServerError(f"llama-server exited with {code} while loading {self.gguf}:"
+                                       f"\n{self.log_tail()}\n{hint}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return
