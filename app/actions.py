@@ -26,14 +26,18 @@ def attempt(what: str, action, *args, **kwargs):
     from app.auth import current
     from app.config import settings
     from mlops.identities import AuthError
-    from registry.transition import RefusedError
+    from registry.transition import DisplayLagError, RefusedError, flush_display
 
     try:
         actor = current(settings().session_timeout_min)
         if actor is None:
             ui.flash("error", f"{what}: you are not logged in any more (the session expired). Nothing was changed.")
             return None
-        return actor, action(actor, *args, **kwargs)
+        done = action(actor, *args, **kwargs)
+        flush_display(report=True)  # the page shows MLflow's copies too: they land before it is redrawn
+        return actor, done
+    except DisplayLagError as err:  # done and in force; only MLflow's copy lags
+        ui.flash("error", f"{what}: {err}")
     except (RefusedError, AuthError) as err:
         ui.flash("error", f"{what} refused: {err}")
     except MLOpsError as err:  # an outage: the store, the ledger or the identities file cannot be used

@@ -1,6 +1,6 @@
 """Login against the registry's identities file, with an idle timeout.
 
-Passwords are checked by `mlops.identities.authenticate` (argon2id, the same file and hashing as the CLI). The
+Passwords are checked by `mlops.identities.authenticate` (argon2id, the registry's verified ledger, as the CLI). The
 session keeps only the name: the role is re-read from the identities file at every interaction, so a removed
 user or a changed role takes effect at once. Actions are recorded under this identity; there is no name field.
 A session lives in the server's memory for one browser tab (no cookie), so a reload asks to log in again.
@@ -26,10 +26,14 @@ def _end(notice: str | None = None) -> None:
 
 
 def current(timeout_min: float, *, touch: bool = True) -> Identity | None:
-    """The logged-in identity, or None (never logged in, idle too long, or no longer in the identities file)."""
+    """The logged-in identity, or None (never logged in, idle too long, no longer in the registry, or a ledger
+    that does not verify). While the store cannot be read at all, the session keeps the role it logged in with:
+    every action re-checks on the store and says why it cannot run."""
     import streamlit as st
 
-    from mlops.identities import load_users
+    from mlops.errors import MLOpsError
+    from registry.identities import user_of
+    from registry.ledger import LedgerBroken
 
     info = st.session_state.get(SESSION_KEY)
     if not info:
@@ -38,26 +42,37 @@ def current(timeout_min: float, *, touch: bool = True) -> Identity | None:
     if now - info["seen"] > timeout_min * 60:
         _end(f"Your session expired after {timeout_min:g} minutes without activity. Log in again.")
         return None
-    user = load_users().get(info["name"])
-    if user is None:
-        _end(f"'{info['name']}' is no longer in the identities file. Ask an admin.")
+    try:
+        user = user_of(info["name"])
+        role = user.role if user else None
+    except LedgerBroken as err:
+        _end(str(err))
+        return None
+    except MLOpsError:
+        role = info.get("role")  # the store cannot be read now: keep the role checked at login
+    if role is None:
+        _end(f"'{info['name']}' is no longer in the registry. Ask an admin.")
         return None
     if touch:
         info["seen"] = now
-    return Identity(info["name"], user.get("role", "viewer"))
+    return Identity(info["name"], role)
 
 
 def log_in(name: str, password: str) -> Identity | None:
     """Check the password with the registry's hashing and start a session; None (and a notice) on failure."""
     import streamlit as st
 
+    from mlops.errors import MLOpsError
     from mlops.identities import AuthError, authenticate
 
     try:
         identity = authenticate((name or "").strip(), password)
     except AuthError:
         return None
-    st.session_state[SESSION_KEY] = {"name": identity.name, "seen": time.time()}
+    except MLOpsError as err:  # the registry cannot be read or does not verify: nobody can be checked
+        st.session_state[NOTICE_KEY] = str(err)
+        return None
+    st.session_state[SESSION_KEY] = {"name": identity.name, "role": identity.role, "seen": time.time()}
     st.session_state.pop(NOTICE_KEY, None)
     return identity
 

@@ -40,19 +40,18 @@ def app_url(cfg) -> str:
 
 def preflight() -> dict[str, str]:
     """Where the app will read and write, after checking each can be used (raises MLOpsError otherwise)."""
-    from mlops.identities import identities_path, list_users
     from mlops.tracking import check_tracking_uri, display_uri, tracking_uri
-    from registry.ledger import engine, ledger_url
+    from registry.identities import list_users
+    from registry.ledger import ledger_url
 
     uri = tracking_uri()
     ledger = ledger_url()  # a configuration error (a server URI without a ledger database) before any network
     check_tracking_uri(uri)
-    engine(ledger)  # creates the ledger tables, or says why the database cannot be used
-    path = identities_path()
-    if not list_users(path):
-        raise MLOpsError(f"the identities file {path} lists nobody, so nobody could log in. Fix: add an admin "
-                         "with `mlops registry user add <name> --role admin`, or set MLOPS_IDENTITIES.")
-    return {"tracking": display_uri(uri), "ledger": display_uri(ledger), "identities": str(path)}
+    users = list_users(ledger)  # the registry exists, this machine holds its key, and its ledger verifies
+    if not users:
+        raise MLOpsError("the registry lists nobody, so nobody could log in. Fix: `mlops registry bootstrap "
+                         "--admin <name>`.")
+    return {"tracking": display_uri(uri), "ledger": display_uri(ledger), "identities": f"{len(users)} in the ledger"}
 
 
 def _check_port_free(cfg) -> None:

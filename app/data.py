@@ -63,15 +63,16 @@ def entries(store: str, model: str | None = None) -> list:
 
 @_cached
 def model_state(store: str, model: str):
-    from registry.state import replay
+    """The model's state from the verified ledger (LedgerBroken, shown by the page, when it does not verify)."""
+    from registry.resolve import verified_state
 
-    return replay(model, entries(store, model))
+    return verified_state(model)
 
 
 @_cached
 def registered_models(store: str) -> dict[str, dict]:
     """Every model MLflow's registry holds (governed by the ledger or not): name -> aliases, versions."""
-    from mlops.model_refs import call, client
+    from mlops.tracking import call, client
 
     c, found, token = client(), {}, None
     while True:
@@ -84,8 +85,21 @@ def registered_models(store: str) -> dict[str, dict]:
             return found
 
 
+@_cached
+def release_rows(store: str) -> list[dict]:
+    """The verified ledger's model entries (LedgerBroken when it does not verify): what every decision reads."""
+    from registry import ledger
+    from registry.identities import GOVERNANCE
+
+    return [e.as_dict() for e in ledger.verified().entries if e.model != GOVERNANCE]
+
+
 def model_names(store: str) -> list[str]:
-    return sorted({row["model"] for row in ledger_rows(store)} | set(registered_models(store)))
+    """Names to pick from (as stored: a page that shows a broken chain must still open)."""
+    from registry.identities import GOVERNANCE
+
+    return sorted({row["model"] for row in ledger_rows(store) if row["model"] != GOVERNANCE}
+                  | set(registered_models(store)))
 
 
 @_cached
@@ -96,7 +110,7 @@ def overview(store: str) -> list[dict]:
 
     registered = registered_models(store)
     by_model: dict[str, list] = {}
-    for row in ledger_rows(store):  # one pass over the ledger, not one per model
+    for row in release_rows(store):  # one pass over the ledger, not one per model
         by_model.setdefault(row["model"], []).append(Entry(**row))
     rows = []
     for name in sorted(set(by_model) | set(registered)):
@@ -165,7 +179,7 @@ def run_jsonl(store: str, run_id: str | None, path: str) -> list[dict]:
 
 @_cached
 def metric_history(store: str, run_id: str, key: str) -> list[tuple[int, float]]:
-    from mlops.model_refs import call, client
+    from mlops.tracking import call, client
 
     history = call(f"metric {key} of run {run_id}", client().get_metric_history, run_id, key)
     return sorted((m.step, m.value) for m in history)
@@ -220,11 +234,10 @@ def eval_run_of(store: str, model: str, version: str) -> str | None:
 @_cached
 def chain_problems(store: str) -> dict:
     """The hash chain checked end to end (cheap: one read of the ledger and its head)."""
-    from registry import ledger
+    from registry.audit import chain_check
 
-    seq, head_hash = ledger.head()
-    everything = ledger.entries()
-    return {"entries": len(everything), "problems": ledger.chain_problems(everything, seq, head_hash)}
+    chain, problems = chain_check()
+    return {"entries": len(chain.entries), "problems": problems}
 
 
 @_cached
@@ -240,6 +253,12 @@ def history_at(store: str, model: str, at: str | None) -> dict:
     from registry.audit import history
 
     return history(model, at)
+
+
+def alias_drift(state, shown: dict[str, str]) -> list[str]:
+    from registry.audit import alias_drift as find
+
+    return find(state, shown)
 
 
 def aliases_now(model: str) -> dict[str, str]:

@@ -85,8 +85,7 @@ def _ledger(model: str, versions: dict[int, dict], champion: int) -> list[dict]:
 def seed(store: Path, models: int, versions: int, tiny_path: Path) -> None:
     from app.testing import eval_run, gate_run
     from mlops.lineage import Tag
-    from mlops.model_refs import client
-    from mlops.tracking import init_experiment
+    from mlops.tracking import client, init_experiment
     from registry import ledger
     from registry.release import STAGE_TAG
     from registry.testing import data_run, make_identities, training_run
@@ -114,13 +113,12 @@ def seed(store: Path, models: int, versions: int, tiny_path: Path) -> None:
             mv = c.create_model_version(name, logged, run_id=run_id, tags=tags)
             made[int(mv.version)] = {"run_id": run_id, "tags": tags}
         champion = versions - 2
-        with ledger.locked() as (conn, seq, head):
+        with ledger.locked() as chain:
             request_seq = None
             for row in _ledger(name, made, champion):
                 if row.get("evidence", {}).get("request_seq") == "REQ":
                     row["evidence"]["request_seq"] = request_seq
-                entry = ledger.append(conn, seq, head, **row)
-                seq, head = entry.seq, entry.hash
+                entry = ledger.append(chain, **row)
                 if row["action"] == "request" and request_seq is None:
                     request_seq = entry.seq
         c.set_registered_model_alias(name, "production", str(champion))

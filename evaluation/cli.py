@@ -98,8 +98,9 @@ def shadow_report(
     config: Path | None = ConfigOpt,
     overrides: list[str] | None = OverridesArg,
 ) -> None:
-    """Agreement, length and latency deltas, refusal and error rates, and a win rate with a scorer."""
-    from evaluation.shadow import SCORERS, parse_since, render, shadow_evidence
+    """Agreement, length and latency deltas, refusal and error rates, and a win rate with a scorer; stored as a
+    `shadow` run, the evidence the registry's shadow gate reads."""
+    from evaluation.shadow import SCORERS, log_shadow_report, parse_since, render, shadow_evidence
     from mlops.cli_options import load
     from serving.config import ServeConfig
 
@@ -109,7 +110,8 @@ def shadow_report(
         SCORERS.get(scorer)  # an unknown name fails before the log is read
     report = shadow_evidence(model, version, since=parse_since(since), scorer=scorer,
                              url=serve_cfg.request_log.database)
-    typer.echo(json.dumps(report, indent=2) if as_json else render(report))
+    report["run_id"] = log_shadow_report(report)  # the stored evidence the registry's shadow gate reads
+    typer.echo(json.dumps(report, indent=2) if as_json else render(report) + f"\n(stored as run {report['run_id']})")
 
 
 def register(app: typer.Typer) -> None:

@@ -57,6 +57,9 @@ class GateReport:
     history: list[str] = field(default_factory=list)
     settings: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # The challenger's scores as people read them (each dimension suite as one n-weighted score, every other
+    # task alone), stored so readers of the report (the registry's release report) need no scoring code.
+    scores: dict = field(default_factory=dict)
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
     @property
@@ -230,4 +233,11 @@ def compare(challenger: dict, champion: dict | None, cfg, *, challenger_label: s
                                 f"must_improve names '{dim}', which the challenger's eval does not contain"))
     settings = cfg.model_dump(mode="json")
     return GateReport(challenger_label, champion_label if champion else None, all(c.passed for c in checks), checks,
-                      [lbl for lbl, _ in history], settings, notes)
+                      [lbl for lbl, _ in history], settings, notes, reported_scores(challenger))
+
+
+def reported_scores(summary: dict) -> dict:
+    tasks = [Score.from_dict(row) for row in summary.get("tasks", [])]
+    units = [s for s in (suite_score(tasks, suite) for suite in DIMENSION_SUITES) if s]
+    units += [t for t in tasks if t.suite not in DIMENSION_SUITES]
+    return {s.name: {"value": s.value, "stderr": s.stderr, "n": s.n} for s in units}

@@ -126,6 +126,22 @@ def shadow_evidence(model: str, version: str, *, since: float | None = None, sco
     return report
 
 
+REPORT_PATH = "shadow/shadow_report.json"
+
+
+def log_shadow_report(report: dict, experiment: str = "shadow") -> str:
+    """Store the report as the evidence the registry's shadow gate reads (a `shadow` stage run naming the
+    version it judged); returns the run id."""
+    from mlops.lineage import Tag
+    from mlops.tracking import tracked_run
+
+    ref = f"models:/{report['model']}/{report['version']}"
+    with tracked_run(experiment, run_name=f"shadow {ref}", attach_env_run=False,
+                     tags={Tag.STAGE: "shadow", Tag.MODEL_REF: ref}) as run:
+        run.log_dict(report, REPORT_PATH)
+    return run.run_id
+
+
 def _rate(n: int, total: int) -> float | None:
     return round(n / total, 4) if total else None
 

@@ -183,11 +183,41 @@ def _offline_defaults() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _quiet_store_tracebacks() -> None:
+    # MLflow logs a database error with its traceback before raising it; the CLI says it once, as one paragraph.
+    import logging
+
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+
+
+def _bounded_pools() -> None:
+    # Each of MLflow's stores (tracking, registry) keeps its own SQLAlchemy pool of 5 + 10 by default: twenty
+    # CLI processes at once would exhaust a PostgreSQL's max_connections. One command needs one connection each.
+    os.environ.setdefault("MLFLOW_SQLALCHEMYSTORE_POOL_SIZE", "1")
+    os.environ.setdefault("MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW", "2")
+
+
 def main() -> None:
     _offline_defaults()
+    _quiet_store_tracebacks()
+    _bounded_pools()
     _register_stages()
     try:
-        app()
+        try:
+            app()
+        finally:
+            _wait_for_display_copies()
     except MLOpsError as err:
-        typer.echo(f"error: {err}", err=True)
+        from mlops.text import shown_lines
+
+        # An error may quote what someone typed (a model name, a comment): it must not act on the terminal.
+        typer.echo(shown_lines(f"error: {err}"), err=True)
         sys.exit(err.exit_code)
+
+
+def _wait_for_display_copies() -> None:
+    """A registry act returns once its ledger entry commits; its MLflow display copies follow on a writer thread.
+    The command ends when they have landed, and says so if they could not be written."""
+    transition = sys.modules.get("registry.transition")
+    if transition is not None:
+        transition.flush_display(report=True)

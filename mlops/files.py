@@ -27,12 +27,32 @@ def file_sha256(path: Path | str) -> str:
     return digest.hexdigest()
 
 
+_HASHED: dict[tuple, str] = {}
+
+
 def folder_hash(folder: Path | str, *, exclude: Iterable[str] = ()) -> str:
-    """Content hash of a folder: every file's relative path and bytes in sorted order, minus `exclude`d names."""
+    """Content hash of a folder: every file's relative path and bytes in sorted order, minus `exclude`d names.
+
+    Remembered per process under each file's inode, size, mtime and ctime: any write to a file moves its ctime
+    (which no user can set back), so a remembered hash is never one of altered bytes."""
     folder = Path(folder)
     skip = set(exclude)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in skip)
+    key = (str(folder.resolve()), tuple(sorted(skip)),
+           tuple((p.relative_to(folder).as_posix(), *_stamp(p)) for p in files))
+    if key not in _HASHED:
+        _HASHED[key] = _hash_files(folder, files)
+    return _HASHED[key]
+
+
+def _stamp(path: Path) -> tuple:
+    st = path.stat()
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _hash_files(folder: Path, files: list[Path]) -> str:
     digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in skip):
+    for path in files:
         digest.update(path.relative_to(folder).as_posix().encode())
         with path.open("rb") as fh:
             for chunk in iter(lambda: fh.read(CHUNK), b""):

@@ -19,17 +19,14 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from mlops.errors import NotFoundError, TrackingError
+from mlops.errors import NotFoundError
 from mlops.lineage import Tag
+from mlops.tracking import call, client, is_missing, unavailable
 
 MODELS_RE = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))$")
 RUNS_RE = re.compile(r"^runs:/(?P<run>[0-9a-zA-Z]+)/(?P<path>.+)$")
 REF_FORMS = "models:/<name>@<alias>, models:/<name>/<version>, runs:/<run_id>/model or a local HF folder"
 CONTENT_ID_PREFIX = "mc-"
-
-
-class RegistryUnavailableError(TrackingError):
-    """The tracking store or registry could not be read (network, auth, database): not the same as 'not found'."""
 
 
 def model_content_id(hf_dir: Path | str) -> str:
@@ -132,48 +129,6 @@ class ResolvedModel(_TagView):
         return load_profile(self.hf_dir)
 
 
-# --------------------------------------------------------------------------- store access
-
-
-def client():
-    from mlflow import MlflowClient
-
-    from mlops.tracking import tracking_uri
-
-    return MlflowClient(tracking_uri=tracking_uri())
-
-
-def is_missing(err: BaseException) -> bool:
-    """True only for MLflow's 'this does not exist' answers; outages, auth and database errors are not."""
-    from mlflow.exceptions import MlflowException
-
-    if not isinstance(err, MlflowException):
-        return False
-    code = getattr(err, "error_code", "")
-    return code == "RESOURCE_DOES_NOT_EXIST" or (code == "INVALID_PARAMETER_VALUE" and "not found" in str(err))
-
-
-def unavailable(err: BaseException, what: str) -> RegistryUnavailableError:
-    from mlops.tracking import URI_ENV, tracking_uri
-
-    first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
-    return RegistryUnavailableError(
-        f"could not read {what} from the tracking store {tracking_uri()} ({type(err).__name__}: {first}). "
-        f"This is an outage or access problem, not a missing model. Fix: check that the tracking server or "
-        f"database is up and reachable and that {URI_ENV} names it, then retry."
-    )
-
-
-def call(what: str, fn, *args, missing: str | None = None):
-    """Run a registry read; 'does not exist' becomes NotFoundError(`missing`), anything else names the outage."""
-    try:
-        return fn(*args)
-    except Exception as err:
-        if is_missing(err) and missing is not None:
-            raise NotFoundError(missing) from None
-        raise unavailable(err, what) from err
-
-
 def _known_versions(c, name: str) -> str:
     try:
         model = c.get_registered_model(name)
@@ -202,6 +157,20 @@ def _run_tags(c, run_id: str | None) -> dict[str, str]:
 # --------------------------------------------------------------------------- describe and materialize
 
 
+GOVERNED_ALIASES = ("production", "staging", "candidate")
+
+
+def governed_version(name: str, alias: str) -> str | None:
+    """The version a release alias names, as the registry's verified ledger says (MLflow's alias is only its
+    display copy); None for an alias the registry does not govern, or when no registry is installed."""
+    if alias not in GOVERNED_ALIASES:
+        return None
+    from mlops.stages import service
+
+    resolve = service("release_version")
+    return resolve(name, alias) if resolve else None
+
+
 def describe(ref: str) -> ModelDescription:
     """What a ref names, from tags only; fails before any work when it names nothing."""
     ref = str(ref).strip()
@@ -209,9 +178,9 @@ def describe(ref: str) -> ModelDescription:
         c = client()
         name = match["name"]
         what = f"model version '{ref}'"
+        version = match["version"] or governed_version(name, match["alias"])
         try:
-            mv = c.get_model_version_by_alias(name, match["alias"]) if match["alias"] else \
-                c.get_model_version(name, match["version"])
+            mv = c.get_model_version(name, version) if version else c.get_model_version_by_alias(name, match["alias"])
         except Exception as err:
             if not is_missing(err):
                 raise unavailable(err, what) from err
@@ -295,22 +264,131 @@ def find_hf_folder(root: Path, depth: int = 3) -> Path:
 
 
 def download(uri: str) -> Path:
-    """A local path for an artifact URI (local stores are returned in place; remote ones are copied)."""
+    """A local path for an artifact URI: artifacts on this file system are returned in place; remote ones are
+    copied once into the artifact cache (`.mlops/cache/artifacts`) and found there by every later call, so
+    serving, registering and evaluating a model never leave a copy of it behind in a temporary folder."""
+    in_place = _logged_model_in_place(uri) or _run_artifact_in_place(uri)
+    if in_place is not None and in_place.exists():
+        return in_place
+    return _cached_download(uri)
+
+
+def _run_artifact_in_place(uri: str) -> Path | None:
+    """`runs:/<run>/<path>` on this file system: the run's own artifact, else (as MLflow 3 resolves it) the
+    logged model named by the path's first part that the run logged."""
+    from mlops.run_store import local_artifact
+    from mlops.tracking import tracking_uri
+
+    match = RUNS_RE.match(uri)
+    if not match:
+        return None
+    path = match["path"].strip("/")
+    own = local_artifact(match["run"], path)
+    if own is None or own.exists():
+        return own
+    name, _, rest = path.partition("/")
+    model_id = _logged_model_of_run(tracking_uri(), match["run"], name)
+    if model_id is None:
+        raise FileNotFoundError(f"run {match['run']} has no artifact or logged model '{path}'")
+    return _logged_model_in_place(f"models:/{model_id}/{rest}".rstrip("/"))
+
+
+_RUN_MODELS: dict[tuple[str, str, str], str] = {}  # a run's logged model of a name never changes once logged
+
+
+def _logged_model_of_run(store: str, run_id: str, name: str) -> str | None:
+    if "'" in name:  # not a name MLflow's filter can quote, nor one this project logs
+        return None
+    if (store, run_id, name) not in _RUN_MODELS:
+        c = client()
+        run = call(f"run {run_id}", c.get_run, run_id, missing=f"run {run_id} does not exist")
+        query = f"name = '{name}' AND source_run_id = '{run_id}'"
+        found = call(f"logged models of run {run_id}",
+                     lambda: c.search_logged_models(experiment_ids=[run.info.experiment_id], filter_string=query))
+        model_id = next((m.model_id for m in found if m.source_run_id == run_id), None)
+        if model_id is None:
+            return None
+        _RUN_MODELS[(store, run_id, name)] = model_id
+    return _RUN_MODELS[(store, run_id, name)]
+
+
+def _cached_download(uri: str) -> Path:
+    """Logged models and finished runs' artifacts do not change: one copy per store and URI, written whole
+    (downloaded beside the cache entry, then renamed into place) so a killed download is never taken for one."""
+    import hashlib
+    import shutil
+    import tempfile
+
     import mlflow
 
+    from mlops.paths import artifact_cache_dir
     from mlops.tracking import use_store
 
     # A version's source is a logged model's `models:/m-<id>` URI. MLflow 3.17 looks that id up through the
     # process-wide tracking URI, ignoring the `tracking_uri` argument: unset, it reads (and creates) ./mlflow.db.
     store = use_store()
-    return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, tracking_uri=store))
+    entry = artifact_cache_dir() / hashlib.sha256(f"{store}\n{uri}".encode()).hexdigest()[:24]
+    if (entry / _CACHE_DONE).is_file():
+        return entry / (entry / _CACHE_DONE).read_text(encoding="utf-8")
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f"{entry.name}.partial-", dir=entry.parent))
+    try:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, tracking_uri=store, dst_path=str(partial)))
+        if not local.is_relative_to(partial):  # MLflow answered with the artifact in place
+            return local
+        (partial / _CACHE_DONE).write_text(local.relative_to(partial).as_posix(), encoding="utf-8")
+        try:
+            partial.rename(entry)
+        except OSError:  # another process finished the same download first: theirs is as good
+            if not (entry / _CACHE_DONE).is_file():
+                raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return entry / (entry / _CACHE_DONE).read_text(encoding="utf-8")
+
+
+_CACHE_DONE = ".downloaded"  # holds the artifact's path inside its cache entry
+
+
+def _logged_model_in_place(uri: str) -> Path | None:
+    """The folder of a logged model (`models:/m-<id>[/path]`) whose artifacts live on this file system, where
+    MLflow's download would return it in place anyway; None for anything else."""
+    from urllib.parse import unquote, urlsplit
+
+    from mlops.tracking import tracking_uri
+
+    if not uri.startswith("models:/m-"):
+        return None
+    model_id, _, sub = uri.removeprefix("models:/").partition("/")
+    location = _logged_model_location(tracking_uri(), model_id)
+    parts = urlsplit(location)
+    if not location or parts.scheme not in ("", "file"):
+        return None
+    root = Path(unquote(parts.path) if parts.scheme else location)
+    return root / sub if sub else root
+
+
+@functools.lru_cache(maxsize=1024)
+def _logged_model_location(store: str, model_id: str) -> str:
+    """A logged model's artifact location never changes once it exists: asked of the store once per process."""
+    try:
+        return client().get_logged_model(model_id).artifact_location or ""
+    except Exception:  # noqa: BLE001 - MLflow's own download path reports what is wrong
+        return ""
 
 
 # --------------------------------------------------------------------------- version tags and history
 
 
 def set_version_tags(model, tags: dict) -> bool:
-    """Tag a model version (gate results, contamination, eval runs). False for refs that are not versions."""
+    """Tag a model version (gate results, contamination, eval runs). False for refs that are not versions.
+    Governed tags (`registry.*`, display copies of the ledger) are written only by the registry's one door."""
+    from mlops.errors import MLOpsError
+
+    governed = sorted(k for k in tags if str(k).startswith("registry."))
+    if governed:
+        raise MLOpsError(f"tags {', '.join(governed)} are the registry's display copies of its ledger and are "
+                         "written only by registry acts. Fix: use `mlops registry ...` to change a version's stage.")
     if model.kind != "version":
         return False
     c = client()

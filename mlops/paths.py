@@ -51,5 +51,10 @@ def checkpoints_dir() -> Path:
     return _root(CHECKPOINTS_ENV, mlops_dir() / "checkpoints")
 
 
+def artifact_cache_dir() -> Path:
+    """Copies of artifacts from a remote store (a tracking server's `mlflow-artifacts:`, S3, ...), one per URI."""
+    return mlops_dir() / "cache" / "artifacts"
+
+
 def runs_dir() -> Path:
     return mlops_dir() / "runs"

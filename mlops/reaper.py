@@ -57,8 +57,7 @@ def death_reason(tags: dict[str, str], host: str, now: float, stale_after: float
 
 def reap(*, stale_after: float | None = 600.0, dry_run: bool = False) -> list[Reaped]:
     """Mark this store's dead RUNNING runs KILLED; returns what was (or, dry, would be) reaped."""
-    from mlops.model_refs import call, client
-    from mlops.tracking import mark_killed
+    from mlops.tracking import call, client, mark_killed
 
     c = client()
     experiments = [e.experiment_id for e in call("experiments", c.search_experiments)]

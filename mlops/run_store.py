@@ -3,22 +3,48 @@ through printed output. Errors of the store are reported as outages, never as "n
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import json
 from pathlib import Path
 
-from mlops.model_refs import call, client
+from mlops.tracking import call, client
 
 
 def _quote(value: str) -> str:
     return str(value).replace("'", "\\'")
 
 
+_VIEW: contextvars.ContextVar[dict | None] = contextvars.ContextVar("run_store_view", default=None)
+
+
+@contextlib.contextmanager
+def one_view():
+    """Within it, the store's list of experiments is read once: one decision (a release act's gates) searches
+    several kinds of runs and needs one consistent answer, not one round trip per search."""
+    token = _VIEW.set({})
+    try:
+        yield
+    finally:
+        _VIEW.reset(token)
+
+
+def _experiment_ids(c) -> list[str]:
+    view = _VIEW.get()
+    if view is not None and "experiments" in view:
+        return view["experiments"]
+    found = [e.experiment_id for e in call("experiments", c.search_experiments)]
+    if view is not None:
+        view["experiments"] = found
+    return found
+
+
 def find_runs(tags: dict[str, str], *, status: str | None = "FINISHED", having: tuple[str, ...] = (),
               max_results: int = 100) -> list:
     """Runs in any experiment carrying all `tags` (and every tag in `having`, any value), newest first."""
     c = client()
-    experiments = [e.experiment_id for e in call("experiments", c.search_experiments)]
+    experiments = _experiment_ids(c)
     if not experiments:
         return []
     clauses = [f"tags.`{k}` = '{_quote(v)}'" for k, v in tags.items()] + [f"tags.`{k}` LIKE '%'" for k in having]
@@ -46,31 +72,33 @@ def load_run_json(run_id: str, artifact_path: str) -> dict:
 
 def load_run_text(run_id: str, artifact_path: str) -> str:
     """A text artifact of a run (a resolved config, a JSONL of samples); NotFoundError when it is not there."""
+    import tempfile
+
     import mlflow
 
     from mlops.errors import NotFoundError
-    from mlops.model_refs import is_missing, unavailable
-    from mlops.tracking import tracking_uri
+    from mlops.tracking import is_missing, tracking_uri, unavailable
 
     missing = f"run {run_id} has no artifact '{artifact_path}'"
-    in_place = _local_artifact(run_id, artifact_path)
+    in_place = local_artifact(run_id, artifact_path)
     if in_place is not None:
         if not in_place.is_file():
             raise NotFoundError(missing)
         return in_place.read_text(encoding="utf-8")
-    try:
-        local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path,
-                                                    tracking_uri=tracking_uri())
-    except (FileNotFoundError, NotADirectoryError):
-        raise NotFoundError(missing) from None
-    except Exception as err:
-        if is_missing(err):
+    with tempfile.TemporaryDirectory(prefix="mlops-artifact-") as tmp:
+        try:
+            local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path,
+                                                        tracking_uri=tracking_uri(), dst_path=tmp)
+        except (FileNotFoundError, NotADirectoryError):
             raise NotFoundError(missing) from None
-        raise unavailable(err, f"artifact {artifact_path} of run {run_id}") from err
-    return Path(local).read_text(encoding="utf-8")
+        except Exception as err:
+            if is_missing(err):
+                raise NotFoundError(missing) from None
+            raise unavailable(err, f"artifact {artifact_path} of run {run_id}") from err
+        return Path(local).read_text(encoding="utf-8")
 
 
-def _local_artifact(run_id: str, artifact_path: str) -> Path | None:
+def local_artifact(run_id: str, artifact_path: str) -> Path | None:
     """The artifact's own file when the run's artifacts live on this file system (the embedded default), read in
     place: MLflow's download would copy it into a temporary folder first, most of a registry act's time. None for
     remote artifact stores (a tracking server's `mlflow-artifacts:`, S3, ...), which are downloaded."""

@@ -29,6 +29,7 @@ class StageRegistry:
 
     sections: dict[str, type] = field(default_factory=dict)
     commands: dict[str, str] = field(default_factory=dict)
+    services: dict[str, str] = field(default_factory=dict)
     stages: list[str] = field(default_factory=list)
 
     def add_section(self, name: str, model: type) -> None:
@@ -40,6 +41,13 @@ class StageRegistry:
         if name in self.commands and self.commands[name] != target:
             raise ValueError(f"command group '{name}' is registered twice")
         self.commands[name] = target
+
+    def add_service(self, name: str, target: str) -> None:
+        """A function the core calls without importing its stage ("module:attr"), e.g. the registry's
+        `authenticate` and `release_version`: the rule stays in its stage, the core only asks."""
+        if name in self.services and self.services[name] != target:
+            raise ValueError(f"service '{name}' is registered twice")
+        self.services[name] = target
 
 
 _REGISTRY: StageRegistry | None = None
@@ -74,3 +82,9 @@ def resolve(target: str) -> Any:
     """The object at 'module:attr'."""
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def service(name: str) -> Callable | None:
+    """The function a stage registered as `name`, or None when no installed stage provides it."""
+    target = load_stages().services.get(name)
+    return resolve(target) if target else None

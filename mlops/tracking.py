@@ -1,4 +1,5 @@
-"""Tracking behind one small interface. This is the only module that calls MLflow's logging API.
+"""Tracking behind one small interface. This is the only module that calls MLflow's logging API, and the one
+MLflow store-access module: the client, and what the store's errors mean (missing vs. an outage).
 
 Embedded default: SQLite at `<home>/.mlops/mlflow.db` with artifacts under `<home>/.mlops/artifacts`.
 `MLFLOW_TRACKING_URI` wins when set (a tracking server over PostgreSQL is the scale path). Under
@@ -10,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -19,12 +19,80 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from mlops.errors import MLOpsError, TrackingError
+from mlops.errors import MLOpsError, NotFoundError, TrackingError
 from mlops.lineage import Tag
 from mlops.paths import mlops_dir
 
 RUN_ID_ENV = "MLFLOW_RUN_ID"
 URI_ENV = "MLFLOW_TRACKING_URI"
+
+
+class RegistryUnavailableError(TrackingError):
+    """The tracking store or registry could not be read (network, auth, database): not the same as 'not found'."""
+
+
+# --------------------------------------------------------------------------- store access (the one module: client and errors)
+
+
+def client(uri: str | None = None):
+    """An MLflow client of `uri` (default: the tracking URI in force now)."""
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri or tracking_uri())
+
+
+def is_missing(err: BaseException) -> bool:
+    """True only for MLflow's 'this does not exist' answers; outages, auth and database errors are not."""
+    from mlflow.exceptions import MlflowException
+
+    if not isinstance(err, MlflowException):
+        return False
+    code = getattr(err, "error_code", "")
+    return code == "RESOURCE_DOES_NOT_EXIST" or (code == "INVALID_PARAMETER_VALUE" and "not found" in str(err))
+
+
+def unavailable(err: BaseException, what: str) -> RegistryUnavailableError:
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+    return RegistryUnavailableError(
+        f"could not read {what} from the tracking store {tracking_uri()} ({type(err).__name__}: {first}). "
+        f"This is an outage or access problem, not a missing model. Fix: check that the tracking server or "
+        f"database is up and reachable and that {URI_ENV} names it, then retry."
+    )
+
+
+def call(what: str, fn, *args, missing: str | None = None):
+    """Run a registry read; 'does not exist' becomes NotFoundError(`missing`), anything else names the outage."""
+    try:
+        return fn(*args)
+    except Exception as err:
+        if is_missing(err) and missing is not None:
+            raise NotFoundError(missing) from None
+        raise unavailable(err, what) from err
+
+
+def registered_aliases(model: str) -> dict[str, str]:
+    """MLflow's aliases of a registered model ({} when MLflow has no such model). On a database store one query
+    of the alias table (MlflowClient's `get_registered_model` loads the model, its tags and latest versions
+    too: most of a registry act's time); through a tracking server, the client's call."""
+    c = client()._get_registry_client()
+    store = c.store
+    query = getattr(store, "_get_query", None)
+    if query is not None and hasattr(store, "ManagedSessionMaker"):
+        from mlflow.store.model_registry.dbmodels.models import SqlRegisteredModelAlias as Alias
+
+        try:
+            with store.ManagedSessionMaker() as session:
+                rows = query(session, Alias).filter(Alias.name == model).all()
+                return {row.alias: str(row.version) for row in rows}
+        except Exception as err:
+            raise unavailable(err, f"the aliases of registered model '{model}'") from err
+    try:
+        found = c.get_registered_model(model)
+    except Exception as err:
+        if is_missing(err):
+            return {}
+        raise unavailable(err, f"registered model '{model}'") from err
+    return {a: str(v) for a, v in (found.aliases or {}).items()}
 
 
 class Tracker(Protocol):
@@ -331,7 +399,6 @@ class MemoryTracker:
         self.tags: dict[str, str] = {}
         self.artifacts: dict[str, Any] = {}
         self.status: str | None = None
-        self.artifact_dir = Path(tempfile.mkdtemp(prefix="mlops-memtracker-"))
 
     def log_params(self, params):
         self.params.update({str(k): str(v) for k, v in params.items()})

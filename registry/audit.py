@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 
 from mlops.lineage import Tag
 from registry.state import ModelState, replay
-
-STAGE_TAG = "registry.stage"
+from registry.transition import STAGE_TAG
 
 
 @dataclass
@@ -25,30 +24,28 @@ class Verification:
 
 
 def model_state(model: str, *, until: str | None = None, url: str | None = None) -> ModelState:
-    from registry import ledger
+    """A model's state from the verified ledger (LedgerBroken when the chain does not verify)."""
+    from registry.resolve import verified_state
 
-    return replay(model, ledger.entries(model, url), until=until)
+    return verified_state(model, until=until, url=url)
 
 
 def models(url: str | None = None) -> list[str]:
-    from registry import ledger
+    from registry.ledger import verified
+    from registry.resolve import known_models
 
-    return sorted({e.model for e in ledger.entries(None, url)})
+    return known_models(verified(url).entries)
 
 
 def drift(state: ModelState) -> list[str]:
-    """Every alias, stage tag or gate tag in MLflow that differs from the ledger's word."""
-    from mlops.model_refs import call, client
+    """Every alias, stage tag or gate tag in MLflow that differs from the ledger's word: the one drift check
+    (acts, `verify`, `status`, the follower and the app all call it or `alias_drift`)."""
+    from mlops.tracking import call, client
     from registry.gates import newest_gate_report
-    from registry.transition import flush_display, registry_aliases
+    from registry.transition import flush_display
 
     flush_display()
-    problems = []
-    actual = registry_aliases(state.model)
-    for alias in sorted(set(actual) | set(state.aliases)):
-        if alias in ("staging", "production") and actual.get(alias) != state.aliases.get(alias):
-            problems.append(f"@{alias} points to {actual.get(alias) or 'nothing'} in MLflow but the ledger says "
-                            f"{state.aliases.get(alias) or 'nothing'}")
+    problems = alias_drift(state)
     c = client()
     for version, vs in sorted(state.versions.items(), key=lambda kv: int(kv[0])):
         tags = dict(call(f"version {state.model}/{version}", c.get_model_version, state.model, version).tags)
@@ -64,25 +61,61 @@ def drift(state: ModelState) -> list[str]:
     return problems
 
 
-def verify(model: str | None = None, url: str | None = None) -> Verification:
-    """The chain intact (no edited, inserted or deleted entry) and MLflow agreeing with the ledger."""
-    from registry import ledger
+def alias_drift(state: ModelState, actual: dict[str, str] | None = None) -> list[str]:
+    """The governed aliases MLflow shows differently from the ledger (`actual`: MLflow's aliases, read now when
+    not given)."""
+    from registry.state import ALIAS_OF_STAGE
+    from registry.transition import registry_aliases
 
-    everything = ledger.entries(None, url)
-    seq, head_hash = ledger.head(url)
-    result = Verification(chain=ledger.chain_problems(everything, seq, head_hash), entries=len(everything))
-    for name in [model] if model else sorted({e.model for e in everything}):
-        result.drift[name] = drift(replay(name, everything))
+    actual = registry_aliases(state.model) if actual is None else actual
+    return [f"@{alias} points to {actual.get(alias) or 'nothing'} in MLflow but the ledger says "
+            f"{state.aliases.get(alias) or 'nothing'}"
+            for alias in sorted(ALIAS_OF_STAGE.values()) if actual.get(alias) != state.aliases.get(alias)]
+
+
+def chain_check(url: str | None = None):
+    """(the chain as stored, its problems): keyed hashes, links, head and this machine's anchor."""
+    from registry import ledger
+    from registry.keys import advance_anchor, read_anchor
+
+    db = ledger.ledger_url(url)
+    with ledger.db_errors(db), ledger.reader(db).connect() as conn:
+        chain = ledger.read_chain(conn, db)
+    problems = ledger.chain_problems(chain.entries, chain.head_seq, chain.head_hash, chain.key,
+                                     read_anchor(chain.registry_id))
+    if not problems:
+        advance_anchor(chain.registry_id, chain.head_seq, chain.head_hash)
+    return chain, problems
+
+
+def verify(model: str | None = None, url: str | None = None) -> Verification:
+    """The whole chain intact (keyed hashes, links, head, this machine's anchor) and MLflow agreeing with the
+    ledger, for `model` or every model. A model the ledger does not know is NotFoundError."""
+    from registry import ledger
+    from registry.resolve import known_models, require_model
+
+    db = ledger.ledger_url(url)
+    chain, problems = chain_check(db)
+    result = Verification(chain=problems, entries=len(chain.entries))
+    if problems:
+        return result  # nothing replayed from a broken chain is worth comparing
+    if model is not None:
+        require_model(model, url=db)
+    for name in [model] if model else known_models(chain.entries):
+        result.drift[name] = drift(replay(name, chain.entries))
     return result
 
 
 def history(model: str, at: str | None = None, url: str | None = None) -> dict:
     """Alias moves up to `at` (ISO UTC), and which version held each alias at that time."""
     from registry import ledger
+    from registry.resolve import require_model
 
     cut = normalize_time(at) if at else None
-    moves = [e.as_dict() for e in ledger.entries(model, url) if e.alias and (cut is None or e.ts <= cut)]
-    state = replay(model, ledger.entries(model, url), until=cut)
+    require_model(model, url=url)
+    mine = ledger.verified(url).of(model)
+    moves = [e.as_dict() for e in mine if e.alias and (cut is None or e.ts <= cut)]
+    state = replay(model, mine, until=cut)
     return {"model": model, "at": cut, "aliases": dict(state.aliases), "moves": moves}
 
 
@@ -103,16 +136,19 @@ def normalize_time(text: str) -> str:
 
 def who_approved(model: str, version: str, url: str | None = None) -> list[dict]:
     from registry import ledger
+    from registry.resolve import require_model, require_version
 
+    require_version(require_model(model, url=url), version)
     return [{"approver": e.actor, "ts": e.ts, "comment": e.reason, "to_stage": e.to_stage, "seq": e.seq}
-            for e in ledger.entries(model, url) if e.action == "approve" and e.version == str(version)]
+            for e in ledger.verified(url).of(model) if e.action == "approve" and e.version == str(version)]
 
 
 def status(model: str, url: str | None = None) -> dict:
     """Versions with stage, aliases, gate status (from stored reports) and pending approvals."""
     from registry.gates import newest_gate_report
+    from registry.resolve import require_model
 
-    state = model_state(model, url=url)
+    state = require_model(model, url=url)
     versions = []
     for version, vs in sorted(state.versions.items(), key=lambda kv: int(kv[0]), reverse=True):
         found = newest_gate_report(vs.content_id) if vs.content_id else None
@@ -123,4 +159,5 @@ def status(model: str, url: str | None = None) -> dict:
                          "overrides": vs.overrides, "stage_reason": vs.stage_reason})
     pending = [{"seq": r.seq, "version": r.version, "to": r.to_stage, "requester": r.requester,
                 "comment": r.comment, "ts": r.ts} for r in state.pending()]
-    return {"model": model, "aliases": dict(state.aliases), "versions": versions, "pending": pending}
+    return {"model": model, "aliases": dict(state.aliases), "versions": versions, "pending": pending,
+            "drift": drift(state)}

@@ -14,8 +14,10 @@ import typer
 
 app = typer.Typer(help="Governed releases: identities, register, request/approve, promote, rollback, ledger.",
                   no_args_is_help=True)
-user_app = typer.Typer(help="Manage registry identities (argon2-hashed passwords).", no_args_is_help=True)
+user_app = typer.Typer(help="Manage registry identities (argon2-hashed, in the ledger).", no_args_is_help=True)
 app.add_typer(user_app, name="user")
+policy_app = typer.Typer(help="The release policy in force (recorded in the ledger).", no_args_is_help=True)
+app.add_typer(policy_app, name="policy")
 
 JsonOpt = typer.Option(False, "--json", help="machine-readable output")
 CommentOpt = typer.Option(..., "--comment", help="why (required; goes into the ledger)")
@@ -23,27 +25,57 @@ NEW_PASSWORD_ENV = "MLOPS_NEW_PASSWORD"
 
 
 def _out(data, as_json: bool, text: str) -> None:
-    typer.echo(json.dumps(data, indent=2, default=str) if as_json else text)
+    from registry.transition import flush_display
+
+    flush_display(report=True)  # an act answers once its display copies landed, or says they lag
+    if as_json:
+        typer.echo(json.dumps(data, indent=2, default=str))
+        return
+    # Each field people typed is escaped where it is formatted (a newline in it stays visible as \n); this pass
+    # escapes any control character that a formatter let through, so no text can act on the terminal.
+    from mlops.text import shown_lines
+
+    typer.echo(shown_lines(text))
 
 
-def _actor(action: str):
+def _actor(action: str | None):
     from mlops.identities import from_env
 
     return from_env(action)
 
 
 def _entry_text(e) -> str:
+    from mlops.text import shown as q
+
     move = f" @{e.alias}: {e.alias_before or '-'} -> {e.alias_after or '-'}" if e.alias else ""
     stage = f" {e.from_stage or '-'} -> {e.to_stage}" if e.to_stage else ""
-    return f"#{e.seq} {e.ts} {e.actor} {e.action} {e.model} v{e.version or '-'}{stage}{move}" + \
-        (f" ({e.reason})" if e.reason else "")
+    return q(f"#{e.seq} {e.ts} {e.actor} {e.action} {e.model} v{e.version or '-'}{stage}{move}") + \
+        (f" ({q(e.reason)})" if e.reason else "")
 
 
 # --------------------------------------------------------------------------- identities
 
 
-def _new_password(bootstrap: bool) -> str:
-    password = os.environ.get(NEW_PASSWORD_ENV) or (os.environ.get("MLOPS_PASSWORD") if bootstrap else None)
+@app.command("bootstrap")
+def bootstrap(admin: str = typer.Option(..., "--admin", help="name of the first admin"),
+              as_json: bool = JsonOpt) -> None:
+    """Create the registry in its store, once: its tables, its key (printed path: copy it to every machine that
+    acts or serves), the first admin and the release policy in force (configs/registry/release.yaml, else the
+    defaults). The admin's password comes from MLOPS_NEW_PASSWORD, else a prompt."""
+    from registry.config import project_policy
+    from registry.identities import bootstrap as do
+    from registry.keys import key_path
+    from registry.ledger import verified
+
+    written = do(admin, _new_password(), policy=project_policy())
+    key = key_path(verified().registry_id)
+    _out({"admin": admin, "key_file": str(key), "entries": [e.as_dict() for e in written]}, as_json,
+         f"registry created; first admin {admin}; key {key} (copy it, mode 600, to every machine that acts on "
+         "or serves from this registry)")
+
+
+def _new_password() -> str:
+    password = os.environ.get(NEW_PASSWORD_ENV)
     if password:
         return password
     if not sys.stdin.isatty():
@@ -57,45 +89,64 @@ def _new_password(bootstrap: bool) -> str:
 @user_app.command("add")
 def user_add(name: str, role: str = typer.Option(..., "--role", help="viewer, trainer, approver or admin"),
              as_json: bool = JsonOpt) -> None:
-    """Add an identity. The first admin needs no login; after that an admin (MLOPS_USER) adds users.
+    """Add an identity (admin, MLOPS_USER); ledgered. The password comes from MLOPS_NEW_PASSWORD, else a prompt.
+    The first admin is created by `mlops registry bootstrap`."""
+    from registry.identities import add_user
 
-    The new password comes from MLOPS_NEW_PASSWORD (or MLOPS_PASSWORD when creating the first admin), else a prompt.
-    """
-    from mlops.identities import add_user, list_users
-
-    bootstrap = not any(u.role == "admin" for u in list_users())
-    if not bootstrap:
-        _actor("manage_users")
-    elif role != "admin":
-        from mlops.errors import MLOpsError
-
-        raise MLOpsError("the identities file has no admin yet: the first identity must be an admin. "
-                         "Fix: `mlops registry user add <name> --role admin` first.")
-    identity = add_user(name, role, _new_password(bootstrap))
-    _out({"name": identity.name, "role": identity.role}, as_json, f"added {identity.name} ({identity.role})")
+    entry = add_user(_actor("manage_users"), name, role, _new_password())
+    _out({"name": name, "role": role, "seq": entry.seq}, as_json, f"added {name} ({role}) as ledger entry "
+         f"#{entry.seq}")
 
 
 @user_app.command("passwd")
-def user_passwd(name: str, role: str | None = typer.Option(None, "--role", help="also change the role"),
+def user_passwd(name: str, role: str | None = typer.Option(None, "--role", help="also change the role (admin)"),
                 as_json: bool = JsonOpt) -> None:
     """Set an identity's password (yourself, or anyone as an admin); new password from MLOPS_NEW_PASSWORD."""
-    from mlops.identities import AuthError, from_env, set_password
+    from registry.identities import set_password
 
-    actor = from_env()
-    if (actor.name != name or role is not None) and not actor.can("manage_users"):
-        raise AuthError(f"'{actor.name}' may change only their own password. Fix: ask an admin.")
-    identity = set_password(name, _new_password(False), role=role)
+    identity = set_password(_actor(None), name, _new_password(), role=role)
     _out({"name": identity.name, "role": identity.role}, as_json, f"password of {identity.name} changed")
+
+
+@user_app.command("remove")
+def user_remove(name: str, as_json: bool = JsonOpt) -> None:
+    """Revoke an identity (admin); ledgered."""
+    from registry.identities import remove_user
+
+    entry = remove_user(_actor("manage_users"), name)
+    _out(entry.as_dict(), as_json, _entry_text(entry))
 
 
 @user_app.command("list")
 def user_list(as_json: bool = JsonOpt) -> None:
-    """List identities and roles (never hashes)."""
-    from mlops.identities import identities_path, list_users
+    """List identities and roles (never hashes), from the verified ledger."""
+    from registry.identities import list_users
 
     users = list_users()
-    _out([u.__dict__ for u in users], as_json,
-         "\n".join(f"{u.name:20} {u.role}" for u in users) or f"no identities in {identities_path()}")
+    _out([u.__dict__ for u in users], as_json, "\n".join(f"{u.name:20} {u.role}" for u in users))
+
+
+@policy_app.command("set")
+def policy_set(path: str = typer.Argument(..., help="a YAML file holding one `registry:` block"),
+               as_json: bool = JsonOpt) -> None:
+    """Record the release policy in force (admin); ledgered with the values it holds."""
+    from pathlib import Path
+
+    from registry.config import set_policy
+
+    entry = set_policy(_actor("manage_policy"), Path(path))
+    _out(entry.as_dict(), as_json, _entry_text(entry))
+
+
+@policy_app.command("show")
+def policy_show(as_json: bool = JsonOpt) -> None:
+    """The release policy in force, as the verified ledger records it."""
+    import yaml
+
+    from registry.config import release_policy
+
+    policy = release_policy().model_dump(mode="json")
+    _out(policy, as_json, yaml.safe_dump({"registry": policy}, sort_keys=False).rstrip())
 
 
 # --------------------------------------------------------------------------- acting commands
@@ -203,17 +254,25 @@ def reconcile(model: str, as_json: bool = JsonOpt) -> None:
 
 @app.command("status")
 def status(model: str, as_json: bool = JsonOpt) -> None:
-    """Versions, stages, aliases, gate status and pending approvals."""
+    """Versions, stages, aliases, gate status, pending approvals, and where MLflow's display copies drift from
+    the verified ledger."""
+    from mlops.text import shown as q
     from registry.audit import status as read
 
     data = read(model)
-    lines = [f"{model}: " + (", ".join(f"@{a}=v{v}" for a, v in sorted(data["aliases"].items())) or "no aliases")]
+    lines = [f"{q(model)}: " + (", ".join(f"@{a}=v{v}" for a, v in sorted(data["aliases"].items()))
+                                or "no aliases")]
     for v in data["versions"]:
-        extra = f" override: {v['overrides'][-1]['gate']} by {v['overrides'][-1]['by']}" if v["overrides"] else ""
-        lines.append(f"  v{v['version']:<4} {v['stage']:12} gate {v['gate']:8} trainer {v['trainer'] or '?':10} "
-                     f"registered by {v['registered_by']}{extra}")
+        last = v["overrides"][-1] if v["overrides"] else None
+        extra = f" override: {q(last['gate'])} by {q(last['by'])}" if last else ""
+        lines.append(f"  v{v['version']:<4} {v['stage']:12} gate {v['gate']:8} trainer {q(v['trainer'] or '?'):10} "
+                     f"registered by {q(v['registered_by'])}{extra}")
     for p in data["pending"]:
-        lines.append(f"  pending: v{p['version']} -> {p['to']} requested by {p['requester']}: {p['comment']}")
+        lines.append(f"  pending: v{p['version']} -> {p['to']} requested by {q(p['requester'])}: {q(p['comment'])}")
+    if data["drift"]:
+        lines.append("  DRIFT: MLflow's display copies differ from the ledger (serving follows the ledger):")
+        lines += [f"    {q(d)}" for d in data["drift"]]
+        lines.append(f"  Fix: `mlops registry reconcile {q(model)}` (admin).")
     _out(data, as_json, "\n".join(lines))
 
 
@@ -221,12 +280,13 @@ def status(model: str, as_json: bool = JsonOpt) -> None:
 def history(model: str, at: str | None = typer.Option(None, "--at", help="ISO time: what held each alias then"),
             as_json: bool = JsonOpt) -> None:
     """Alias moves, and (with --at) which version was in production at that time."""
+    from mlops.text import shown as q
     from registry.audit import history as read
 
     data = read(model, at)
-    lines = [f"  #{m['seq']} {m['ts']} {m['actor']} {m['action']} @{m['alias']}: {m['alias_before'] or '-'} -> "
-             f"{m['alias_after'] or '-'}" + (f" ({m['reason']})" if m["reason"] else "") for m in data["moves"]]
-    head = f"{model} at {data['at']}: " if data["at"] else f"{model} now: "
+    lines = [f"  #{m['seq']} {m['ts']} {q(m['actor'])} {m['action']} @{m['alias']}: {m['alias_before'] or '-'} -> "
+             f"{m['alias_after'] or '-'}" + (f" ({q(m['reason'])})" if m["reason"] else "") for m in data["moves"]]
+    head = f"{q(model)} at {data['at']}: " if data["at"] else f"{q(model)} now: "
     head += ", ".join(f"@{a}=v{v}" for a, v in sorted(data["aliases"].items())) or "no aliases"
     _out(data, as_json, "\n".join([head, *lines]))
 
@@ -234,11 +294,12 @@ def history(model: str, at: str | None = typer.Option(None, "--at", help="ISO ti
 @app.command("who-approved")
 def who_approved(model: str, version: str, as_json: bool = JsonOpt) -> None:
     """Who approved a version, when, and why."""
+    from mlops.text import shown as q
     from registry.audit import who_approved as read
 
     rows = read(model, version)
-    _out(rows, as_json, "\n".join(f"{r['approver']} approved v{version} for {r['to_stage']} at {r['ts']}: "
-                                  f"{r['comment']}" for r in rows) or f"nobody approved v{version} of {model}")
+    _out(rows, as_json, "\n".join(f"{q(r['approver'])} approved v{version} for {r['to_stage']} at {r['ts']}: "
+                                  f"{q(r['comment'])}" for r in rows) or f"nobody approved v{version} of {q(model)}")
 
 
 @app.command("report")

@@ -1,22 +1,20 @@
 """The `registry:` config section: the release policy for the human spot-check, the shadow test and the canary.
 
-A policy is the project's, not a run's: promotion reads it from `configs/registry/release.yaml` under the project
-home (`MLOPS_RELEASE_POLICY` names another file), a YAML file holding one `registry:` block. The same block is
-accepted in any stage config (the section is registered with the core), so a team can keep it in one place.
-Without a file every new gate is off (`required: false`), which keeps existing release paths as they were.
-Each gate result records the policy values it was judged by, so the ledger shows which rules applied.
+The policy in force lives in the governed store: the newest `policy` entry of the ledger's governance stream,
+recorded at `mlops registry bootstrap` (from `configs/registry/release.yaml` under the project home, or the
+defaults) and changed only by `mlops registry policy set FILE`, a ledgered admin act. No environment variable or
+working folder chooses it. An act in a project whose `configs/registry/release.yaml` says something else than the
+recorded policy is refused until an admin records the file (or it is restored), so a policy edit can never apply
+silently, nor be ignored silently. Each gate result records the policy values it was judged by.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from pydantic import Field
 
 from mlops.config import StrictModel
-
-POLICY_ENV = "MLOPS_RELEASE_POLICY"
 
 
 class SpotCheckPolicy(StrictModel):
@@ -54,28 +52,78 @@ class RegistryConfig(StrictModel):
 
 
 def policy_path() -> Path:
+    """The project's policy file (what `bootstrap` records, and what acts compare with the recorded policy)."""
     from mlops.paths import project_home
 
-    explicit = os.environ.get(POLICY_ENV, "").strip()
-    return Path(explicit).expanduser() if explicit else project_home() / "configs" / "registry" / "release.yaml"
+    return project_home() / "configs" / "registry" / "release.yaml"
 
 
-def release_policy(path: Path | None = None) -> RegistryConfig:
-    """The release policy in force: the `registry:` block of the policy file, or the defaults (all gates off)."""
-    from mlops.config import read_yaml
-    from mlops.errors import ConfigError
+def read_policy_file(path: Path) -> RegistryConfig:
+    from mlops.config import read_yaml, validate_config
+    from mlops.errors import ConfigError, NotFoundError
 
-    path = path or policy_path()
-    if not path.exists():
-        if os.environ.get(POLICY_ENV, "").strip():
-            raise ConfigError(f"{POLICY_ENV}={path} names no file. Fix: point it at a YAML file with a `registry:` "
-                              "block, or unset it to use configs/registry/release.yaml.")
-        return RegistryConfig()
+    if not path.is_file():
+        raise NotFoundError(f"the release policy file {path} does not exist. Fix: pass a YAML file holding one "
+                            "`registry:` block.")
     data = read_yaml(path)
     unknown = sorted(set(data) - {"registry"})
     if unknown:
         raise ConfigError(f"release policy {path} holds {', '.join(unknown)}; it takes one `registry:` block. "
                           "Fix: move those keys under `registry:` or delete them.")
-    from mlops.config import validate_config
-
     return validate_config({"registry": data.get("registry") or {}}, source=str(path)).registry
+
+
+def project_policy() -> dict:
+    """What bootstrap records: the project's policy file, or the defaults (every extra gate off)."""
+    path = policy_path()
+    return (read_policy_file(path) if path.is_file() else RegistryConfig()).model_dump(mode="json")
+
+
+def recorded_policy(entries) -> dict | None:
+    from registry.identities import GOVERNANCE
+
+    found = [e for e in entries if e.model == GOVERNANCE and e.action == "policy"]
+    return found[-1].evidence.get("policy") if found else None
+
+
+def policy_of(recorded: dict | None) -> RegistryConfig:
+    return RegistryConfig.model_validate(recorded or {})
+
+
+def release_policy(url: str | None = None) -> RegistryConfig:
+    """The release policy in force: the verified ledger's newest recorded policy."""
+    from registry.ledger import verified
+
+    return policy_of(recorded_policy(verified(url).entries))
+
+
+def policy_file_conflict(recorded: dict | None) -> str | None:
+    """Why an act must not run here: the project's policy file differs from the recorded policy (else None)."""
+    path = policy_path()
+    if not path.is_file():
+        return None
+    local = read_policy_file(path).model_dump(mode="json")
+    if local == policy_of(recorded).model_dump(mode="json"):
+        return None
+    return (f"the release policy file {path} differs from the policy recorded in the ledger, so it is unclear "
+            "which rules this act should follow. Nothing was changed. Fix: an admin records the file with "
+            f"`mlops registry policy set {path}` (ledgered), or restore the file to the recorded policy "
+            "(`mlops registry policy show`).")
+
+
+def set_policy(actor, path: Path, *, url: str | None = None):
+    """Record a policy file as the policy in force (admin); ledgered with the values it holds."""
+    from mlops.identities import require
+    from registry.identities import GOVERNANCE
+    from registry.transition import Plan, RefusedError, run
+
+    require(actor, "manage_policy")
+    policy = read_policy_file(Path(path)).model_dump(mode="json")
+
+    def plan_for(state):
+        if policy_of(state.policy).model_dump(mode="json") == policy:
+            raise RefusedError("that policy is already the one in force; nothing was changed.")
+        return Plan(entries=[dict(actor=actor.name, action="policy", model=GOVERNANCE,
+                                  reason=f"policy from {Path(path).name}", evidence={"policy": policy})])
+
+    return run(GOVERNANCE, plan_for, url=url)[0]

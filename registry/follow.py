@@ -56,32 +56,40 @@ class Follower:
     _thread: threading.Thread | None = None
 
     def target(self, state=None) -> str | None:
-        """The ledger's version for the alias; logs loudly when MLflow's alias disagrees."""
-        from registry.audit import model_state
-        from registry.transition import registry_aliases
+        """The verified ledger's version for the alias; logs loudly when MLflow's display alias disagrees."""
+        from registry.audit import alias_drift
+        from registry.resolve import target_of, verified_state
 
-        state = state if state is not None else model_state(self.model)
+        state = state if state is not None else verified_state(self.model)
         if stage_alias(self.alias):  # no MLflow alias to compare with
-            return ledger_target(state, self.alias)
+            return target_of(state, self.alias)
         said = state.aliases.get(self.alias)
-        actual = registry_aliases(self.model).get(self.alias)
-        if actual != said:
-            message = (f"@{self.alias} of '{self.model}' points to {actual or 'nothing'} in MLflow but the ledger "
-                       f"says {said or 'nothing'}: it was moved outside the registry. Serving stays on the ledger's "
-                       f"version. Run `mlops registry verify {self.model}`.")
-            if not self.refusals or self.refusals[-1] != message:
-                log.error("REFUSED ALIAS MOVE: %s", message)
-                self.refusals.append(message)
+        if any(p.startswith(f"@{self.alias} ") for p in alias_drift(state)):
+            self._loudly(f"MLflow's @{self.alias} of '{self.model}' differs from the ledger, which says "
+                         f"{said or 'nothing'}: it was moved outside the registry. Serving stays on the ledger's "
+                         f"version. Run `mlops registry verify {self.model}`.", "REFUSED ALIAS MOVE")
         return said
+
+    def _loudly(self, message: str, kind: str) -> None:
+        if not self.refusals or self.refusals[-1] != message:
+            log.error("%s: %s", kind, message)
+            self.refusals.append(message)
 
     def serving_version(self) -> str | None:
         current = getattr(self.slot, "current", None)
         return getattr(current, "version", None)
 
     def poll_once(self) -> Switch | None:
-        from registry.audit import model_state
+        """One look at the verified ledger. A chain that does not verify moves nothing: serving (and any canary)
+        stays where the last verified ledger put it, and the refusal is logged and kept in `refusals`."""
+        from registry.ledger import LedgerBroken
+        from registry.resolve import verified_state
 
-        state = model_state(self.model)
+        try:
+            state = verified_state(self.model)
+        except LedgerBroken as err:
+            self._loudly(f"{err} Still serving version {self.serving_version()}.", "LEDGER DOES NOT VERIFY")
+            return None
         try:
             return self._follow(state)
         finally:
@@ -173,14 +181,6 @@ def stage_alias(alias: str) -> bool:
     from registry.state import ALIAS_OF_STAGE, STAGES
 
     return alias in STAGES and alias not in ALIAS_OF_STAGE.values()
-
-
-def ledger_target(state, alias: str) -> str | None:
-    """The version the ledger's state gives `@alias`: the alias itself, or the newest version of a stage name."""
-    if stage_alias(alias):
-        in_stage = [v for v, vs in state.versions.items() if vs.stage == alias]
-        return max(in_stage, key=lambda v: int(v) if v.isdigit() else -1) if in_stage else None
-    return state.aliases.get(alias)
 
 
 def _materialize(ref: str):

@@ -82,26 +82,32 @@ def data_gate(version_state) -> GateResult:
 
 
 def newest_gate_report(content_id: str) -> tuple[str, dict] | None:
+    found = _newest_gate_run(content_id)
+    return (found[0], found[1]) if found else None
+
+
+def _newest_gate_run(content_id: str) -> tuple[str, dict, dict] | None:
+    """(run id, gate report, the run's tags) of the newest gate run of this content that stored a report."""
     from mlops.run_store import find_runs, load_run_json
 
-    for run in find_runs({Tag.STAGE: "gate", Tag.MODEL_KEY: content_id}, status=None, max_results=20):
+    for run in find_runs({Tag.STAGE: "gate", Tag.MODEL_KEY: content_id}, status=None, max_results=5):
         try:
-            return run.info.run_id, load_run_json(run.info.run_id, "gate/gate_report.json")
+            return run.info.run_id, load_run_json(run.info.run_id, "gate/gate_report.json"), dict(run.data.tags)
         except NotFoundError:
             continue  # a gate run that died before writing its report
     return None
 
 
 def eval_gate(version_state, champion_state) -> GateResult:
-    found = newest_gate_report(version_state.content_id or "")
+    found = _newest_gate_run(version_state.content_id or "")
     if found is None:
         return GateResult("eval", False, "no stored gate report for this model. Run `mlops gate --challenger "
                                          "models:/<model>/<version> --champion models:/<model>@production`")
-    run_id, report = found
+    run_id, report, tags = found
     recorded = ((report.get("settings") or {}).get("evidence") or {}).get("champion") or {}
     champion_now = champion_state.content_id if champion_state else None
-    evidence = {"gate_run": run_id, "result": report.get("result"), "champion_in_report": recorded.get("content_id"),
-                "champion_now": champion_now}
+    evidence = {"gate_run": run_id, "eval_run": tags.get(Tag.EVAL_RUN), "result": report.get("result"),
+                "champion_in_report": recorded.get("content_id"), "champion_now": champion_now}
     if recorded.get("content_id") != champion_now:
         now = f"v{champion_state.version}" if champion_state else "no champion"
         return GateResult("eval", False, f"the newest gate report (run {run_id}) compared against "
@@ -120,7 +126,8 @@ def contamination_gate(version_state, eval_result: GateResult) -> GateResult:
     gate_run = eval_result.evidence.get("gate_run")
     if not gate_run:
         return GateResult("contamination", False, "no gate run, so no eval whose contamination report to read")
-    eval_run = get_run(gate_run).data.tags.get(Tag.EVAL_RUN)
+    evidence = eval_result.evidence
+    eval_run = evidence["eval_run"] if "eval_run" in evidence else get_run(gate_run).data.tags.get(Tag.EVAL_RUN)
     try:
         report = load_run_json(eval_run, "eval/contamination.json") if eval_run else None
     except NotFoundError:
@@ -144,11 +151,14 @@ def evaluate_gates(state, version: str) -> list[GateResult]:
     if vs is None:
         raise MLOpsError(f"version {version} of '{state.model}' was not registered through the registry. "
                          f"Fix: register it with `mlops registry register --run <run_id> --name {state.model}`.")
+    from mlops.run_store import one_view
+
     champion = state.versions.get(state.aliases.get("production", ""))
-    results = [lineage_gate(vs), data_gate(vs)]
-    eval_result = eval_gate(vs, champion if champion and champion.version != vs.version else None)
-    results += [eval_result, contamination_gate(vs, eval_result)]
-    results += policy_gates(state, vs)
+    with one_view():
+        results = [lineage_gate(vs), data_gate(vs)]
+        eval_result = eval_gate(vs, champion if champion and champion.version != vs.version else None)
+        results += [eval_result, contamination_gate(vs, eval_result)]
+        results += policy_gates(state, vs)
     for result in results:
         overrides = [o for o in vs.overrides if o.get("gate") in (result.gate, "all")]
         if overrides and not result.passed:
@@ -165,9 +175,9 @@ def failing(results: list[GateResult]) -> list[GateResult]:
 
 def policy_gates(state, version_state, policy=None) -> list[GateResult]:
     """The spot-check and shadow gates, each only when `registry.<gate>.required` says so."""
-    from registry.config import release_policy
+    from registry.config import policy_of
 
-    policy = policy or release_policy()
+    policy = policy or policy_of(state.policy)  # the policy the verified ledger records, read with the state
     out = []
     if policy.spot_check.required:
         out.append(spot_check_gate(state, version_state, policy.spot_check))
@@ -183,43 +193,41 @@ def spot_check_gate(state, version_state, policy) -> GateResult:
     return GateResult("spot_check", passed, detail, evidence)
 
 
-def read_shadow_evidence(model: str, version: str) -> dict:
-    """The shadow test's evidence for a version: the one place the gate gets it from."""
-    try:
-        from evaluation.shadow import shadow_evidence
-    except ImportError:  # serving's shadow report not installed: count the request log's shadow rows directly
-        return _shadow_rows_evidence(model, version)
-    return shadow_evidence(model, version)
+def newest_shadow_report(model: str, version: str) -> tuple[str, dict] | None:
+    """(run id, report) of the newest stored shadow report of a version (`mlops shadow report` stores it)."""
+    from mlops.run_store import find_runs, load_run_json
 
-
-def _shadow_rows_evidence(model: str, version: str) -> dict:
-    from mlops.requestlog import read_requests
-
-    rows = read_requests(model=model, version=str(version), role="shadow")
-    errors = sum(1 for r in rows if r.get("status") != 200 or r.get("error"))
-    return {"model": model, "version": str(version), "shadowed": len(rows), "errors": errors,
-            "error_rate": errors / len(rows) if rows else 0.0}
+    ref = f"models:/{model}/{version}"
+    for run in find_runs({Tag.STAGE: "shadow", Tag.MODEL_REF: ref}, status="FINISHED", max_results=5):
+        try:
+            return run.info.run_id, load_run_json(run.info.run_id, "shadow/shadow_report.json")
+        except NotFoundError:
+            continue
+    return None
 
 
 def shadow_gate(model: str, version_state, policy) -> GateResult:
-    evidence = read_shadow_evidence(model, version_state.version)
-    # The counts the policy speaks of come from the request log's shadow rows of this version; the report's
-    # comparison figures (agreement, deltas, win rate) are kept beside them as evidence.
-    counted = _shadow_rows_evidence(model, version_state.version)
-    reported, reported_errors = evidence.get("shadowed"), evidence.get("errors")
-    shadowed = int(reported) if isinstance(reported, int) and reported else int(counted["shadowed"])
-    errors = int(reported_errors) if isinstance(reported_errors, int) else int(counted["errors"])
-    evidence = {**evidence, "shadowed": shadowed, "shadow_errors": errors}
-    rate = errors / shadowed if shadowed else 0.0
+    """Judged on the stored shadow report (the serving stage's own definition of an answer and an error)."""
     import json
 
-    kept = json.loads(json.dumps(evidence, default=str))  # whatever the report holds, as the ledger can store it
-    kept.update(min_requests=policy.min_requests, max_error_rate=policy.max_error_rate)
+    version = version_state.version
+    found = newest_shadow_report(model, version)
+    limits = {"min_requests": policy.min_requests, "max_error_rate": policy.max_error_rate}
+    if found is None:
+        return GateResult("shadow", False, f"no stored shadow report for version {version}. Fix: serve it with "
+                                           f"`mlops serve --shadow models:/{model}/{version}`, then run `mlops shadow "
+                                           f"report {model} {version}`", limits)
+    run_id, report = found
+    shadowed = int(report.get("shadowed") or 0)
+    errors = int((report.get("errors") or {}).get("shadow") or 0)
+    kept = {**json.loads(json.dumps(report, default=str)), "shadow_run": run_id, "shadow_errors": errors, **limits}
+    rate = errors / shadowed if shadowed else 0.0
     if shadowed < policy.min_requests:
-        return GateResult("shadow", False, f"the candidate answered {shadowed} shadowed requests; the policy needs "
-                                           f"{policy.min_requests}. Fix: serve it with `mlops serve --shadow "
-                                           f"models:/{model}/{version_state.version}` for longer", kept)
+        return GateResult("shadow", False, f"the candidate answered {shadowed} shadowed requests (report run "
+                                           f"{run_id}); the policy needs {policy.min_requests}. Fix: serve it with "
+                                           f"`mlops serve --shadow models:/{model}/{version}` for longer, then run "
+                                           f"`mlops shadow report {model} {version}`", kept)
     if rate > policy.max_error_rate:
         return GateResult("shadow", False, f"{errors} of {shadowed} shadow answers failed ({rate:.1%} > "
-                                           f"{policy.max_error_rate:.1%})", kept)
-    return GateResult("shadow", True, f"{shadowed} shadowed requests, {rate:.1%} errors", kept)
+                                           f"{policy.max_error_rate:.1%}; report run {run_id})", kept)
+    return GateResult("shadow", True, f"{shadowed} shadowed requests, {rate:.1%} errors (report run {run_id})", kept)

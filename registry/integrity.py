@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from mlops.errors import NotFoundError
 from mlops.lineage import Tag
 from registry.transition import RefusedError
@@ -12,13 +14,16 @@ def check_artifacts(model: str, version_state) -> dict:
 
     Returns what was checked; raises RefusedError naming what is missing or altered.
     """
-    from mlops.model_refs import materialize, model_content_id
+    from mlops.model_refs import ModelDescription, materialize, model_content_id
     from mlops.run_store import load_run_json
+    from mlops.tracking import tracking_uri
 
     version = version_state.version
     ref = f"models:/{model}/{version}"
     try:
-        resolved = materialize(ref)
+        # The version's files only: its tags and its run's are not needed to hash them (one read, not four).
+        run_id, source = _version_source(tracking_uri(), model, str(version))
+        resolved = materialize(ModelDescription(ref, "version", model, str(version), run_id, source=source))
     except NotFoundError as err:
         raise RefusedError(f"version {version} of '{model}' cannot be restored: its model artifacts are missing "
                            f"({err}). Nothing was changed. Fix: roll back to another version with --to.") from None
@@ -41,3 +46,14 @@ def check_artifacts(model: str, version_state) -> dict:
         checked["checkpoint_step"] = manifest.get("step")
         checked["checkpoint_files"] = len(manifest.get("files", {}))
     return checked
+
+
+@functools.lru_cache(maxsize=1024)
+def _version_source(store: str, model: str, version: str) -> tuple[str, str]:
+    """(run id, source) of a model version: MLflow never changes either once the version exists, so they are read
+    once per process; the files they point to are hashed on every check."""
+    from mlops.tracking import call, client
+
+    mv = call(f"model version {model}/{version}", client().get_model_version, model, version,
+              missing=f"model version {model}/{version} does not exist")
+    return mv.run_id, mv.source

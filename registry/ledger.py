@@ -1,10 +1,15 @@
-"""The release ledger: append-only, hash-chained, in the MLflow backend's database but in tables of its own.
+"""The release ledger: append-only, keyed hash chain, in the MLflow backend's database but in tables of its own.
 
-Every registration, request, approval, rejection, transition, override, rollback and reconcile is one entry:
-who, when (UTC), model, version, stage from -> to, alias before -> after, evidence refs, reason. Each entry stores
-the hash of the one before it, and a one-row head table holds the newest hash, so an edited, inserted or deleted
-entry breaks the chain where it happened (`verify`). Tables are created by this module (`mlops_ledger`,
-`mlops_ledger_head`), never inside MLflow's schema or migrations.
+Every registration, request, approval, rejection, transition, override, rollback, reconcile and governance act
+(identities, release policy) is one entry: who, when (UTC), model, version, stage from -> to, alias before ->
+after, evidence refs, reason. Each entry's hash is an HMAC under the registry's key (`registry.keys`, a file the
+database does not hold) over its fields and the hash of the entry before it; a one-row head table holds the newest
+hash, and each machine's anchor file remembers the newest head it verified. So an edited (even with its hash
+"recomputed"), inserted, deleted or cut-off entry breaks the chain where it happened, and `verified()`, which
+every read that decides something goes through, refuses it naming the first bad entry.
+
+Tables (`mlops_ledger`, `mlops_ledger_head`, `mlops_registry`) are created once by `mlops registry bootstrap`,
+never inside MLflow's schema or migrations, and never by a read.
 
 Where it lives: the database of the MLflow backend store (the embedded SQLite file, or PostgreSQL) by default;
 `MLOPS_REGISTRY_DB` (or `registry.db`) names another one, and is required when the tracking URI is a server.
@@ -12,24 +17,40 @@ Where it lives: the database of the MLflow backend store (the embedded SQLite fi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
+import uuid
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mlops.errors import MLOpsError
+from mlops.errors import MLOpsError, NotFoundError
 
 DB_ENV = "MLOPS_REGISTRY_DB"
 GENESIS = "0" * 64
 FIELDS = ("seq", "ts", "actor", "action", "model", "version", "from_stage", "to_stage", "alias", "alias_before",
           "alias_after", "evidence", "reason", "prev_hash")
+BOOTSTRAP_FIX = "Fix: the first admin creates the registry once with `mlops registry bootstrap --admin <name>`."
 
 
 class LedgerError(MLOpsError):
-    """The ledger database cannot be used (unreachable, locked, misconfigured)."""
+    """The ledger database cannot be used (unreachable, locked, misconfigured, refusing a write)."""
+
+
+class NoRegistry(NotFoundError):
+    """The store exists but holds no registry (never bootstrapped)."""
+
+
+class LedgerBroken(MLOpsError):
+    """The chain does not verify: nothing that decides anything may trust it."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        more = f" ({len(problems) - 1} more problem(s): `mlops registry verify`)" if len(problems) > 1 else ""
+        super().__init__(f"the release ledger does not verify: {problems[0]}{more}. Nothing was changed and no "
+                         "release decision is taken from it. Fix: restore the ledger database from a backup (or "
+                         "investigate who wrote it); serving stays on the last verified version.")
 
 
 @dataclass(frozen=True)
@@ -53,12 +74,21 @@ class Entry:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def as_row(self) -> dict:
+        """Its fields, shallow (the evidence dict is shared, not copied): what hashing and storing read."""
+        return {name: getattr(self, name) for name in (*FIELDS, "hash")}
 
-def entry_hash(values: dict[str, Any]) -> str:
-    """sha256 of the canonical JSON of an entry's fields (its own hash excluded)."""
+
+def canonical(values: dict[str, Any]) -> str:
     body = {k: values.get(k) for k in FIELDS}
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def entry_hash(values: dict[str, Any], key: bytes) -> str:
+    """HMAC-SHA256 under the registry's key of the canonical JSON of an entry's fields (its own hash excluded)."""
+    from registry.keys import mac
+
+    return mac(key, canonical(values))
 
 
 def utc_now() -> str:
@@ -86,25 +116,28 @@ def ledger_url(explicit: str | None = None) -> str:
     return uri
 
 
+def display(url: str) -> str:
+    from mlops.tracking import display_uri
+
+    return display_uri(url)
+
+
 _ENGINES: dict[str, Any] = {}
+# Per process, at most: an act's transaction and a read that a gate makes inside it (the spot-check tables), one more
+# for reads beside it; the act lock has a connection of its own (`lock_engine`). 20 processes at once stay below
+# PostgreSQL's default max_connections (100).
+POOL_SIZE, POOL_OVERFLOW = 2, 1
 
 
-def engine(url: str | None = None):
-    """One SQLAlchemy engine per URL, with the ledger's tables created (idempotent, race-safe)."""
+def engine(url: str | None = None, *, create: bool = False):
+    """One SQLAlchemy engine per URL. A SQLite file that is not there is never created, except by `create`."""
     url = ledger_url(url)
     if url in _ENGINES:
         return _ENGINES[url]
     import sqlalchemy as sa
 
     if url.startswith("sqlite"):
-        if url.startswith("sqlite:///"):
-            from pathlib import Path
-
-            from mlops.paths import mlops_dir
-
-            folder = Path(url.removeprefix("sqlite:///")).parent
-            if folder == mlops_dir():  # the embedded default's folder; a named database must already be there
-                folder.mkdir(parents=True, exist_ok=True)
+        _require_sqlite_file(url, create)
         busy = float(os.environ.get("MLOPS_SQLITE_BUSY_TIMEOUT", "30"))  # seconds a writer waits for the lock
         eng = sa.create_engine(url, connect_args={"timeout": busy, "isolation_level": None},
                                poolclass=sa.pool.NullPool)
@@ -113,23 +146,87 @@ def engine(url: str | None = None):
         def _immediate(conn):  # take SQLite's write lock at BEGIN: appends never interleave
             conn.exec_driver_sql("BEGIN IMMEDIATE")
     else:
-        eng = sa.create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": 10})
-    try:
-        create_tables(eng)
-    except sa.exc.SQLAlchemyError as err:
-        raise unreachable(err, url) from err
+        eng = sa.create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW,
+                               pool_timeout=60, connect_args={"connect_timeout": 10})
     _ENGINES[url] = eng
     return eng
 
 
-def unreachable(err: BaseException, url: str) -> LedgerError:
-    from mlops.tracking import display_uri
+_LOCKERS: dict[str, Any] = {}
 
-    first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
-    return LedgerError(
-        f"the ledger database {display_uri(url)} cannot be used ({type(err).__name__}: {first}). Nothing was "
-        f"changed. Fix: check that the database is up and not locked by another process, then retry."
-    )
+
+def lock_engine(url: str):
+    """Where a PostgreSQL act takes its advisory lock: a connection of its own, outside the pool, so acts that
+    wait for the lock never hold a pooled connection that the act holding it needs."""
+    if url not in _LOCKERS:
+        import sqlalchemy as sa
+
+        _LOCKERS[url] = sa.create_engine(url, poolclass=sa.pool.NullPool, connect_args={"connect_timeout": 10})
+    return _LOCKERS[url]
+
+
+_READERS: dict[str, Any] = {}
+
+
+def reader(url: str | None = None):
+    """The engine reads go through: on SQLite one without BEGIN IMMEDIATE, so readers never queue behind (or
+    block) the writer; elsewhere the writer's own pool."""
+    url = ledger_url(url)
+    eng = engine(url)
+    if eng.dialect.name != "sqlite":
+        return eng
+    if url not in _READERS:
+        import sqlalchemy as sa
+
+        busy = float(os.environ.get("MLOPS_SQLITE_BUSY_TIMEOUT", "30"))
+        _READERS[url] = sa.create_engine(url, connect_args={"timeout": busy, "isolation_level": None},
+                                         poolclass=sa.pool.NullPool)
+    return _READERS[url]
+
+
+def _require_sqlite_file(url: str, create: bool) -> None:
+    from pathlib import Path
+
+    path = url.split("///", 1)[-1] if "///" in url else ""
+    if not path or path == ":memory:" or Path(path).exists():
+        return
+    if create:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        return
+    raise NotFoundError(f"the registry store {path} does not exist (nothing was created). Fix: check "
+                        f"MLFLOW_TRACKING_URI / {DB_ENV}, or create the registry there with `mlops registry "
+                        "bootstrap --admin <name>`.")
+
+
+@contextmanager
+def db_errors(url: str, doing: str = "read"):
+    """Any database failure as one paragraph naming the store and the fix; nothing half-written survives it."""
+    import sqlalchemy as sa
+
+    try:
+        yield
+    except sa.exc.SQLAlchemyError as err:
+        raise _db_error(err, url, doing) from None
+
+
+def _db_error(err: BaseException, url: str, doing: str) -> MLOpsError:
+    import sqlalchemy as sa
+
+    first = (str(getattr(err, "orig", None) or err).strip().splitlines() or [type(err).__name__])[0][:300]
+    if _missing_table(err):
+        return NoRegistry(f"the store {display(url)} holds no release registry (no ledger tables). "
+                          f"{BOOTSTRAP_FIX}")
+    if isinstance(err, sa.exc.OperationalError | sa.exc.InterfaceError | sa.exc.TimeoutError):
+        return LedgerError(f"the ledger database {display(url)} cannot be used ({type(err).__name__}: {first}). "
+                           "Nothing was changed. Fix: check that the database is up and not locked by another "
+                           "process, then retry.")
+    return LedgerError(f"the ledger database {display(url)} refused the {doing} ({type(err).__name__}: {first}). "
+                       "Nothing was changed. Fix: correct the value it names, or check the database, then retry.")
+
+
+def _missing_table(err: BaseException) -> bool:
+    text = str(getattr(err, "orig", None) or err).lower()
+    return ("no such table" in text or "does not exist" in text and "relation" in text) and "mlops_" in text
 
 
 def _tables():
@@ -160,76 +257,176 @@ def _tables():
         sa.Column("seq", sa.Integer, nullable=False),
         sa.Column("hash", sa.String(64), nullable=False),
     )
-    return meta, ledger, head
+    registry = sa.Table(
+        "mlops_registry", meta,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("registry_id", sa.String(64), nullable=False),
+        sa.Column("created", sa.String(40), nullable=False),
+    )
+    return meta, ledger, head, registry
 
 
-META, LEDGER, HEAD = _tables()
+META, LEDGER, HEAD, REGISTRY = _tables()
 
 
-def create_tables(eng) -> None:
+def create_registry(url: str | None = None) -> str:
+    """The tables, the registry's id and its key (bootstrap only); refuses a store that has a registry."""
     import sqlalchemy as sa
 
-    for attempt in range(5):
+    from registry.keys import create_key
+
+    url = ledger_url(url)
+    eng = engine(url, create=True)
+    registry_id = uuid.uuid4().hex
+    with db_errors(url, "bootstrap"):
+        META.create_all(eng, checkfirst=True)
         try:
-            META.create_all(eng, checkfirst=True)
             with eng.begin() as conn:
-                if conn.execute(sa.select(HEAD.c.id)).first() is None:
-                    conn.execute(HEAD.insert().values(id=1, seq=0, hash=GENESIS))
-            return
+                conn.execute(REGISTRY.insert().values(id=1, registry_id=registry_id, created=utc_now()))
+                conn.execute(HEAD.insert().values(id=1, seq=0, hash=GENESIS))
         except sa.exc.IntegrityError:
-            return  # another process created the head row first
-        except sa.exc.ProgrammingError:
-            if attempt == 4:
-                raise
-            time.sleep(0.2 * (attempt + 1))  # concurrent CREATE TABLE on PostgreSQL: retry, it exists now
+            raise MLOpsError(f"the store {display(url)} already holds a registry: it is bootstrapped once. Fix: "
+                             "act as its admin (`mlops registry user add ...`).") from None
+    create_key(registry_id)
+    return registry_id
+
+
+@dataclass
+class Chain:
+    """A verified view of the whole ledger (or a write transaction's view of it)."""
+
+    registry_id: str
+    key: bytes
+    entries: list[Entry]
+    head_seq: int
+    head_hash: str
+
+    def of(self, model: str) -> list[Entry]:
+        return [e for e in self.entries if e.model == model]
+
+
+def read_chain(conn, url: str, *, for_update: bool = False) -> Chain:
+    import sqlalchemy as sa
+
+    from registry.keys import load_key
+
+    found = conn.execute(sa.select(REGISTRY.c.registry_id).where(REGISTRY.c.id == 1)).first()
+    if found is None:
+        raise NoRegistry(f"the store {display(url)} holds no release registry. {BOOTSTRAP_FIX}")
+    registry_id = found[0]
+    key = load_key(registry_id, display(url))
+    query = sa.select(HEAD.c.seq, HEAD.c.hash).where(HEAD.c.id == 1)
+    if for_update and conn.dialect.name == "postgresql":
+        query = query.with_for_update()
+    seq, head_hash = conn.execute(query).one()
+    rows = conn.execute(sa.select(LEDGER).order_by(LEDGER.c.seq)).all()
+    return Chain(registry_id, key, [_known_entry(key, tuple(r)) for r in rows], seq, head_hash)
+
+
+# Rows whose keyed hash this process has already checked, exactly as stored (every column), under that key: an
+# act re-reads the whole chain but recomputes only the HMACs of rows it has not seen byte for byte. An edited row
+# is a different tuple and is checked again.
+_CHECKED: dict[tuple, Entry] = {}
+_TRUSTED: dict[int, bytes] = {}  # id() of each Entry in _CHECKED (kept alive there) -> the key it verified under
+_CHECKED_MAX = 200_000
+
+
+def _known_entry(key: bytes, raw: tuple) -> Entry:
+    cached = _CHECKED.get((key, raw))
+    if cached is not None:
+        return cached
+    entry = _entry(dict(zip(LEDGER.columns.keys(), raw, strict=True)))
+    if _hash_matches(entry, key):
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()
+            _TRUSTED.clear()
+        _CHECKED[(key, raw)] = entry
+        _TRUSTED[id(entry)] = key
+    return entry
+
+
+def _hash_matches(entry: Entry, key: bytes) -> bool:
+    from registry.keys import same
+
+    return _TRUSTED.get(id(entry)) == key or same(entry_hash(entry.as_row(), key), entry.hash)
+
+
+def verified(url: str | None = None) -> Chain:
+    """The whole ledger, verified (keyed hashes, links, head, this machine's anchor); raises LedgerBroken."""
+    url = ledger_url(url)
+    with db_errors(url), reader(url).connect() as conn:
+        chain = read_chain(conn, url)
+    check(chain)
+    return chain
+
+
+def check(chain: Chain) -> None:
+    from registry.keys import advance_anchor, read_anchor
+
+    problems = chain_problems(chain.entries, chain.head_seq, chain.head_hash, chain.key,
+                              read_anchor(chain.registry_id))
+    if problems:
+        raise LedgerBroken(problems)
+    advance_anchor(chain.registry_id, chain.head_seq, chain.head_hash)
 
 
 @contextmanager
-def locked(url: str | None = None):
-    """A transaction holding the ledger's write lock (head row FOR UPDATE; BEGIN IMMEDIATE on SQLite).
+def locked(url: str | None = None, *, known: Chain | None = None):
+    """A transaction holding the ledger's write lock (head row FOR UPDATE; BEGIN IMMEDIATE on SQLite), with the
+    verified chain. Yields a Chain; whatever `append` adds commits with it, or not at all.
 
-    Yields (connection, head_seq, head_hash). Whatever the caller appends commits with it, or not at all.
-    """
+    `known`: a chain verified just before under the act lock; when the head is still its head, its entries are
+    used as they are (nothing can have been appended in between), else the whole chain is read and verified."""
     import sqlalchemy as sa
 
+    from registry.keys import advance_anchor
+
+    url = ledger_url(url)
     eng = engine(url)
-    try:
-        with eng.begin() as conn:
+    with db_errors(url, "write"), eng.begin() as conn:
+        chain = None
+        if known is not None:
             query = sa.select(HEAD.c.seq, HEAD.c.hash).where(HEAD.c.id == 1)
-            if eng.dialect.name == "postgresql":
+            if conn.dialect.name == "postgresql":
                 query = query.with_for_update()
-            seq, head_hash = conn.execute(query).one()
-            yield conn, seq, head_hash
-    except sa.exc.OperationalError as err:
-        raise unreachable(err, str(eng.url)) from err
+            if tuple(conn.execute(query).one()) == (known.head_seq, known.head_hash):
+                chain = Chain(known.registry_id, known.key, list(known.entries), known.head_seq, known.head_hash)
+        if chain is None:
+            chain = read_chain(conn, url, for_update=True)
+            check(chain)
+        chain.conn = conn
+        yield chain
+    advance_anchor(chain.registry_id, chain.head_seq, chain.head_hash)
 
 
-def append(conn, head_seq: int, head_hash: str, **values: Any) -> Entry:
+def append(chain: Chain, **values: Any) -> Entry:
     """Append one entry inside a `locked()` transaction; returns it with its hash."""
-
     evidence = values.pop("evidence", None) or {}
     row = {k: values.get(k) for k in FIELDS if k not in ("seq", "prev_hash", "evidence")}
-    row.update(seq=head_seq + 1, prev_hash=head_hash, ts=values.get("ts") or utc_now(), evidence=evidence)
+    row.update(seq=chain.head_seq + 1, prev_hash=chain.head_hash, ts=values.get("ts") or utc_now(),
+               evidence=json.loads(json.dumps(evidence, default=str)))
     row["version"] = None if row.get("version") is None else str(row["version"])
-    digest = entry_hash(row)
-    conn.execute(LEDGER.insert().values(**{**row, "evidence": json.dumps(evidence, sort_keys=True)}, hash=digest))
+    digest = entry_hash(row, chain.key)
+    conn = chain.conn
+    conn.execute(LEDGER.insert().values(**{**row, "evidence": json.dumps(row["evidence"], sort_keys=True)},
+                                        hash=digest))
     conn.execute(HEAD.update().where(HEAD.c.id == 1).values(seq=row["seq"], hash=digest))
-    return Entry(**{**row, "hash": digest})
+    entry = Entry(**{**row, "hash": digest})
+    chain.entries.append(entry)
+    chain.head_seq, chain.head_hash = entry.seq, digest
+    return entry
 
 
 def entries(model: str | None = None, url: str | None = None) -> list[Entry]:
-    """Every entry (of one model), oldest first."""
+    """Every entry (of one model), oldest first, as stored (unverified: `verified()` is what decisions read)."""
     import sqlalchemy as sa
 
-    eng = engine(url)
+    url = ledger_url(url)
     query = sa.select(LEDGER).order_by(LEDGER.c.seq)
     if model is not None:
         query = query.where(LEDGER.c.model == model)
-    try:
-        with eng.connect() as conn:
-            rows = conn.execute(query).mappings().all()
-    except sa.exc.OperationalError as err:
-        raise unreachable(err, str(eng.url)) from err
+    with db_errors(url), reader(url).connect() as conn:
+        rows = conn.execute(query).mappings().all()
     return [_entry(r) for r in rows]
 
 
@@ -239,15 +436,12 @@ def _entry(row) -> Entry:
     return Entry(**data)
 
 
-def head(url: str | None = None) -> tuple[int, str]:
-    import sqlalchemy as sa
+def chain_problems(all_entries: list[Entry], head_seq: int, head_hash: str, key: bytes,
+                   anchor: tuple[int, str] | None = None) -> list[str]:
+    """Where the chain breaks: an edited entry, a gap (deleted or inserted), a head that disagrees, or an end
+    before the newest head this machine verified (entries cut off)."""
+    from registry.keys import same
 
-    with engine(url).connect() as conn:
-        return tuple(conn.execute(sa.select(HEAD.c.seq, HEAD.c.hash).where(HEAD.c.id == 1)).one())
-
-
-def chain_problems(all_entries: list[Entry], head_seq: int, head_hash: str) -> list[str]:
-    """Where the chain breaks: an edited entry, a gap (deleted or inserted), or a head that disagrees."""
     problems = []
     prev = GENESIS
     expected_seq = 1
@@ -258,13 +452,21 @@ def chain_problems(all_entries: list[Entry], head_seq: int, head_hash: str) -> l
         if e.prev_hash != prev:
             problems.append(f"entry {e.seq}: its prev_hash does not match entry {e.seq - 1}'s hash "
                             "(an entry before it was edited, deleted or inserted)")
-        if entry_hash(e.as_dict()) != e.hash:
+        if not _hash_matches(e, key):
             problems.append(f"entry {e.seq} ({e.action} {e.model} v{e.version} by {e.actor}): its content does not "
-                            "match its hash (it was edited)")
+                            "match its keyed hash (it was edited or forged)")
         prev = e.hash
         expected_seq += 1
     last_seq = all_entries[-1].seq if all_entries else 0
     if (last_seq, prev) != (head_seq, head_hash):
         problems.append(f"the ledger ends at entry {last_seq} but its head records entry {head_seq}: entries after "
                         f"{last_seq} were deleted, or the head was edited")
+    if anchor is not None:
+        seen_seq, seen_hash = anchor
+        if seen_seq > last_seq:
+            problems.append(f"the ledger ends at entry {last_seq}, but this machine verified entry {seen_seq} "
+                            "before: entries were cut off its end (or the ledger was wiped)")
+        elif seen_seq and not same(all_entries[seen_seq - 1].hash if seen_seq <= len(all_entries) else "",
+                                   seen_hash):
+            problems.append(f"entry {seen_seq} is not the one this machine verified before: history was rewritten")
     return problems

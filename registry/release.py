@@ -14,9 +14,8 @@ from __future__ import annotations
 from mlops.identities import Identity, require
 from mlops.lineage import Tag
 from registry.state import ALIAS_OF_STAGE, DISPLACED_TO, TRANSITIONS, ModelState
-from registry.transition import ConcurrentChangeError, Plan, RefusedError, run
+from registry.transition import STAGE_TAG, ConcurrentChangeError, Plan, RefusedError, run
 
-STAGE_TAG = "registry.stage"
 STAGE_REASON_TAG = "registry.stage_reason"
 NONE = "none"
 
@@ -52,15 +51,20 @@ def four_eyes(state: ModelState, version: str, approver: Identity, request=None)
 # --------------------------------------------------------------------------- registration
 
 
-def register(actor: Identity, run_id: str, name: str, *, url: str | None = None) -> str:
-    """Register a training run's model as a new version in stage `candidate`; refuses incomplete lineage."""
-    from mlops.model_refs import call, client
+def register(actor: Identity, run_id: str, name: str, *, url: str | None = None, artifact_path: str = "model",
+             tags: dict | None = None) -> str:
+    """Register a training run's model as a new version in stage `candidate`; refuses incomplete lineage.
+    Idempotent on the run id; `tags` go on the new version (e.g. the sweep trial it came from)."""
+    from mlops.tracking import call, client
     from registry.gates import missing_lineage
+    from registry.resolve import check_model_name
     from registry.versions import register_model_version
 
     require(actor, "register")
+    check_model_name(name)
     run_obj = call(f"run {run_id}", client().get_run, run_id, missing=f"run {run_id} does not exist. Fix: pass the "
                    "id of a finished training run (`mlops train run` prints it; the MLflow UI lists them).")
+    extra_tags = tags
     tags = dict(run_obj.data.tags)
     missing = missing_lineage(tags)
     if run_obj.info.status != "FINISHED" or tags.get(Tag.STAGE) != "train":
@@ -71,25 +75,27 @@ def register(actor: Identity, run_id: str, name: str, *, url: str | None = None)
                            "be traceable to its config, data, code, image and checkpoint. Fix: retrain with the "
                            "current `mlops train run` (which records them all), after building the snapshot with "
                            "a tracked `mlops data build`.")
-    from registry.audit import model_state
-
-    already = [v for v, vs in model_state(name, url=url).versions.items() if vs.evidence.get("run_id") == run_id]
-    if already:  # a rerun is a no-op: one training run is one version
-        return already[0]
-    version = register_model_version(run_id, name)
     evidence = {"run_id": run_id, "content_id": tags[Tag.MODEL_ID], "profile_hash": tags[Tag.PROFILE_HASH],
                 "snapshot_id": tags[Tag.SNAPSHOT_ID], "trainer": tags.get(Tag.ACTOR),
                 "lineage": {k: v for k, v in tags.items() if k.startswith("mlops.") and k != Tag.PROFILE}}
+    found: list[str] = []
+
+    def prepare(state: ModelState) -> None:
+        already = [v for v, vs in state.versions.items() if vs.evidence.get("run_id") == run_id]
+        # A rerun is a no-op: one training run is one version. Under the act lock, so peers never race MLflow.
+        found[:] = [already[0] if already else register_model_version(
+            run_id, name, artifact_path=artifact_path, tags=extra_tags)]
 
     def plan_for(state: ModelState) -> Plan:
+        version = found[0]
         if version in state.versions:
-            raise RefusedError(f"version {version} of '{name}' is already in the ledger.")
+            return Plan()
         return Plan(entries=[dict(actor=actor.name, action="register", model=name, version=version,
                                   to_stage="candidate", evidence=evidence, reason=f"from training run {run_id}")],
                     version_tags={version: {STAGE_TAG: "candidate", Tag.ACTOR: actor.name}})
 
-    run(name, plan_for, url=url)
-    return version
+    run(name, plan_for, url=url, prepare=prepare)
+    return found[0]
 
 
 # --------------------------------------------------------------------------- approvals
@@ -161,8 +167,9 @@ def override(actor: Identity, model: str, version: str, gate: str, reason: str, 
 
 
 def plan_promote(actor: Identity, state: ModelState, model: str, version: str, to_stage: str, *,
-                 expect_version: str | None = None, gates: list | None = None) -> Plan:
-    """What promoting `version` to `to_stage` writes, or the refusal; `gates` reuses results already read."""
+                 expect_version: str | None = None, gates: list | None = None, done_ok: bool = False) -> Plan:
+    """What promoting `version` to `to_stage` writes, or the refusal; `gates` reuses results already read.
+    `done_ok`: a version that already holds the alias is an empty plan (a retried command succeeds)."""
     from registry.gates import evaluate_gates
 
     alias = ALIAS_OF_STAGE.get(to_stage)
@@ -170,6 +177,8 @@ def plan_promote(actor: Identity, state: ModelState, model: str, version: str, t
         raise RefusedError(f"promote moves a version to staging or production, not {to_stage}.")
     version = str(version)
     current = state.aliases.get(alias)
+    if current == version and done_ok:
+        return Plan()
     _check_expected(model, alias, current, expect_version)
     if current == version:
         raise RefusedError(f"version {version} of '{model}' already holds @{alias}.")
@@ -204,8 +213,17 @@ def promote(actor: Identity, model: str, version: str, to_stage: str, *, expect_
             url: str | None = None):
     """Move `version` into staging or production (alias and stage), compare-and-set against `expect_version`."""
     require(actor, "promote")
-    return run(model, lambda state: plan_promote(actor, state, model, version, to_stage,
-                                                 expect_version=expect_version), url=url)[0]
+    written = run(model, lambda state: plan_promote(actor, state, model, version, to_stage, done_ok=True,
+                                                    expect_version=expect_version), url=url)
+    return written[0] if written else _entry_that_moved(model, ALIAS_OF_STAGE[to_stage], str(version), url)
+
+
+def _entry_that_moved(model: str, alias: str, version: str, url: str | None):
+    """The ledger entry that gave `version` the alias (a retried promotion answers with it)."""
+    from registry.ledger import verified
+
+    moved = [e for e in verified(url).of(model) if e.alias == alias and e.alias_after == version]
+    return moved[-1]
 
 
 def plan_rollback(actor: Identity, state: ModelState, model: str, reason: str | None, *,

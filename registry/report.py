@@ -15,10 +15,11 @@ import time
 def release_report(model: str, *, url: str | None = None) -> dict:
     from mlops.lineage import Tag
     from registry import ledger
-    from registry.audit import model_state, verify
+    from registry.audit import verify
     from registry.gates import evaluate_gates
+    from registry.resolve import require_model
 
-    state = model_state(model, url=url)
+    state = require_model(model, url=url)
     versions = []
     for version, vs in sorted(state.versions.items(), key=lambda kv: int(kv[0])):
         gates = evaluate_gates(state, version)
@@ -33,7 +34,7 @@ def release_report(model: str, *, url: str | None = None) -> dict:
         })
     entries = [{k: e.as_dict()[k] for k in ("seq", "ts", "actor", "action", "version", "from_stage", "to_stage",
                                              "alias", "alias_before", "alias_after", "reason")}
-               for e in ledger.entries(model, url)]
+               for e in ledger.verified(url).of(model)]
     return {"model": model, "created": _iso(time.time()),
             "aliases": dict(state.aliases), "versions": versions, "ledger": entries,
             "pending": [{"version": r.version, "to": r.to_stage, "requester": r.requester, "comment": r.comment}
@@ -67,27 +68,14 @@ def gate_outcome(content_id: str | None) -> dict | None:
                 "worst": {k: min(quant, key=lambda c: c["delta"]).get(k) for k in ("name", "delta", "lo", "hi")},
                 "failed": [c["name"] for c in quant if not c.get("passed")],
                 "max_drop": (report.get("settings") or {}).get("quantization_max_drop")},
-            "scores": eval_scores(mine.get("eval_run_id"), (report.get("settings") or {}).get("z", 1.645))}
+            "scores": eval_scores(report)}
 
 
-def eval_scores(eval_run: str | None, z: float) -> dict:
-    """Each dimension suite (business) as one n-weighted score and every other suite's tasks, with the half-width
-    of the interval the gate used (`z` from its report)."""
-    from evaluation.gate import DIMENSION_SUITES
-    from evaluation.results import Score, suite_score
-    from mlops.errors import NotFoundError
-    from mlops.run_store import load_run_json
-
-    if not eval_run:
-        return {}
-    try:
-        summary = load_run_json(eval_run, "eval/summary.json")
-    except NotFoundError:
-        return {}
-    tasks = [Score.from_dict(row) for row in summary.get("tasks", [])]
-    units = [s for s in (suite_score(tasks, suite) for suite in DIMENSION_SUITES) if s]
-    units += [t for t in tasks if t.suite not in DIMENSION_SUITES]
-    return {s.name: {"value": s.value, "half_width": z * s.stderr, "n": s.n} for s in units}
+def eval_scores(report: dict) -> dict:
+    """The scores the gate report stored, with the half-width of the interval the gate used (its own `z`)."""
+    z = (report.get("settings") or {}).get("z", 1.645)
+    return {name: {"value": s["value"], "half_width": z * s["stderr"], "n": s["n"]}
+            for name, s in (report.get("scores") or {}).items()}
 
 
 def serving_switches(model: str, *, url: str | None = None) -> list[dict]:
@@ -155,4 +143,6 @@ def render(report: dict) -> str:
     lines += [f"  {s['ts']} v{s['from'] or '-'} -> v{s['to']} (request {s['request_id']})" for s in report["serving"]]
     if not report["serving"]:
         lines.append("  no logged user requests")
-    return "\n".join(lines)
+    from mlops.text import shown
+
+    return "\n".join(shown(line) for line in lines)  # each line escaped: typed text cannot add one

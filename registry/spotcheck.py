@@ -34,19 +34,23 @@ PAIRED = ("A", "B", "same")
 SINGLE = ("acceptable", "unacceptable")  # an item without a champion answer (the first release)
 
 
+def _answerer():
+    from mlops.errors import MLOpsError
+    from mlops.stages import service
+
+    found = service("spot_check_answers")
+    if found is None:
+        raise MLOpsError("no stage answers spot-checks (the serving stage provides it). Fix: install the project "
+                         "with `make install`.")
+    return found
+
+
 def create(actor: Identity, model: str, version: str, *, n: int | None = None, seed: int | None = None,
            answer=None, policy=None, url: str | None = None) -> dict:
     """Draw, answer, store and ledger a spot-check of `version` against the current champion."""
     from registry.audit import model_state
     from registry.config import release_policy
-    from registry.spotcheck_sample import (
-        draw,
-        sample_digest,
-        served_answers,
-        served_prompts,
-        suite_folder,
-        suite_prompts,
-    )
+    from registry.spotcheck_sample import draw, sample_digest, served_prompts, suite_folder, suite_prompts
 
     require(actor, "request")
     policy = policy or release_policy().spot_check
@@ -63,7 +67,7 @@ def create(actor: Identity, model: str, version: str, *, n: int | None = None, s
     if not prompts:
         raise RefusedError(f"no prompt to spot-check '{model}' with: the suite {policy.suite} holds no items and no "
                            "served request is logged. Fix: set registry.spot_check.suite to a folder of JSONL items.")
-    answer = answer or partial(served_answers, max_tokens=policy.max_tokens)
+    answer = answer or partial(_answerer(), max_tokens=policy.max_tokens)
     asked = [p.messages for p in prompts]
     mine = answer(f"models:/{model}/{version}", asked)
     baseline = None if champion else base_model_of(vs)
@@ -214,8 +218,8 @@ def judge(state, version: str, policy, *, url: str | None = None) -> tuple[bool,
     """The spot-check gate: (passed, detail, evidence) from the newest ledgered review of `version`."""
     from registry import ledger
 
-    reviews = [e for e in ledger.entries(state.model, url) if e.action == "spot_check_review"
-               and e.version == str(version)]
+    own = state.entries or ledger.verified(url).of(state.model)  # a replayed state carries its verified entries
+    reviews = [e for e in own if e.action == "spot_check_review" and e.version == str(version)]
     if not reviews:
         return False, (f"no reviewed spot-check of version {version}. Fix: `mlops registry spot-check {state.model} "
                        f"{version} --n {policy.sample_size}`, then a reviewer other than its trainer records a "
@@ -260,7 +264,7 @@ def _maybe_complete(reviewer: Identity, check: dict, url: str | None) -> dict:
     if len(current) < check["items"]:
         return summary(check["check_id"], url=url)
     digest = verdict_digest(current)
-    reviews = [e for e in ledger.entries(check["model"], url) if e.action == "spot_check_review"
+    reviews = [e for e in ledger.verified(url).of(check["model"]) if e.action == "spot_check_review"
                and e.evidence.get("check_id") == check["check_id"]]
     if reviews and reviews[-1].evidence.get("digest") == digest:
         return summary(check["check_id"], url=url)

@@ -68,17 +68,45 @@ def _tables():
 META, CHECKS, ITEMS, VERDICTS = _tables()
 
 
+def reader(url: str | None = None):
+    """Reads go through the ledger's reader: inside an act (which holds SQLite's write lock) a read must not
+    queue for that lock."""
+    from registry import ledger
+
+    engine(url)  # the tables exist
+    return ledger.reader(url)
+
+
+def create_tables(url: str | None = None) -> None:
+    """The spot-check tables (bootstrap creates them with the registry; older registries get them on first use)."""
+    from registry import ledger
+
+    eng = ledger.engine(url)
+    META.create_all(eng, checkfirst=True)
+    _add_missing_columns(eng)
+
+
 def engine(url: str | None = None):
-    """The ledger's engine, with the spot-check tables created once per process."""
+    """The ledger's engine, the spot-check tables checked once per process (looked at through the reader, so an
+    act that holds SQLite's write lock never waits on it; created only when missing)."""
+    import sqlalchemy as sa
+
     from registry import ledger
 
     eng = ledger.engine(url)
     key = str(eng.url)
     if key not in _READY:
-        META.create_all(eng, checkfirst=True)
-        _add_missing_columns(eng)
+        inspector = sa.inspect(ledger.reader(url))
+        ready = all(inspector.has_table(t.name) for t in (CHECKS, ITEMS, VERDICTS))
+        if not ready or not _columns_complete(inspector):
+            create_tables(url)
         _READY.add(key)
     return eng
+
+
+def _columns_complete(inspector) -> bool:
+    have = {c["name"] for c in inspector.get_columns(CHECKS.name)}
+    return {c.name for c in CHECKS.columns} <= have
 
 
 def _add_missing_columns(eng) -> None:
@@ -115,7 +143,7 @@ def insert_verdict(row: dict, url: str | None = None) -> None:
 def get_check(check_id: str, url: str | None = None) -> dict | None:
     import sqlalchemy as sa
 
-    with engine(url).connect() as conn:
+    with reader(url).connect() as conn:
         row = conn.execute(sa.select(CHECKS).where(CHECKS.c.check_id == check_id)).mappings().first()
     return _check(row) if row else None
 
@@ -127,7 +155,7 @@ def checks_of(model: str, version: str | None = None, url: str | None = None) ->
     query = sa.select(CHECKS).where(CHECKS.c.model == model, CHECKS.c.create_seq.is_not(None))
     if version is not None:
         query = query.where(CHECKS.c.version == str(version))
-    with engine(url).connect() as conn:
+    with reader(url).connect() as conn:
         rows = conn.execute(query.order_by(CHECKS.c.create_seq.desc())).mappings().all()
     return [_check(r) for r in rows]
 
@@ -135,7 +163,7 @@ def checks_of(model: str, version: str | None = None, url: str | None = None) ->
 def items_of(check_id: str, url: str | None = None) -> list[dict]:
     import sqlalchemy as sa
 
-    with engine(url).connect() as conn:
+    with reader(url).connect() as conn:
         rows = conn.execute(sa.select(ITEMS).where(ITEMS.c.check_id == check_id)
                             .order_by(ITEMS.c.item_no)).mappings().all()
     return [{**dict(r), "messages": json.loads(r["messages"]), "answers_meta": json.loads(r["answers_meta"])}
@@ -146,7 +174,7 @@ def current_verdicts(check_id: str, url: str | None = None) -> dict[int, dict]:
     """The newest verdict per item."""
     import sqlalchemy as sa
 
-    with engine(url).connect() as conn:
+    with reader(url).connect() as conn:
         rows = conn.execute(sa.select(VERDICTS).where(VERDICTS.c.check_id == check_id)
                             .order_by(VERDICTS.c.verdict_id)).mappings().all()
     latest: dict[int, dict] = {}

@@ -8,3 +8,6 @@ def register(stages) -> None:
 
     stages.add_section("registry", RegistryConfig)
     stages.add_commands("registry", "registry.cli:app")
+    # The core asks these without importing the registry: who someone is, and what a governed alias names.
+    stages.add_service("authenticate", "registry.identities:authenticate")
+    stages.add_service("release_version", "registry.resolve:release_version")

@@ -69,6 +69,12 @@ class ModelState:
     # routes `share` of its traffic to that version while it is set.
     canary: dict | None = None
     last_seq: int = 0
+    # From the ledger's governance stream (filled by `registry.resolve.state_in`): name -> User, and the release
+    # policy in force (a `registry:` dict; None = defaults).
+    users: dict = field(default_factory=dict)
+    policy: dict | None = None
+    # The model's own verified ledger entries, oldest first (filled by `registry.resolve.state_in`).
+    entries: list[Entry] = field(default_factory=list, repr=False)
 
     def stage_of(self, version: str) -> str | None:
         state = self.versions.get(str(version))

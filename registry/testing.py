@@ -17,12 +17,18 @@ PASSWORDS = {"admin": "admin-pass-1", "tina": "tina-pass-1", "alice": "alice-pas
 ROLES = {"admin": "admin", "tina": "trainer", "alice": "approver", "bob": "approver", "vic": "viewer"}
 
 
-def make_identities(path: Path | None = None) -> dict:
-    """admin, tina (trainer), alice and bob (approvers), vic (viewer); returns name -> Identity."""
-    from mlops.identities import Identity, add_user
+def make_identities() -> dict:
+    """A bootstrapped registry (first admin `admin`, the project's release policy) with tina (trainer), alice and
+    bob (approvers) and vic (viewer) added by the admin; returns name -> Identity."""
+    from mlops.identities import Identity
+    from registry.config import project_policy
+    from registry.identities import add_user, bootstrap
 
+    bootstrap("admin", PASSWORDS["admin"], policy=project_policy())
+    admin = Identity("admin", "admin")
     for name, role in ROLES.items():
-        add_user(name, role, PASSWORDS[name], path)
+        if name != "admin":
+            add_user(admin, name, role, PASSWORDS[name])
     return {name: Identity(name, role) for name, role in ROLES.items()}
 
 
@@ -133,8 +139,40 @@ def race(model: str, versions: list[str], to: str, expected: str = "none", env: 
 def release_version(who: dict, model: str, version: str, *, champion: tuple[str, str] | None = None) -> None:
     """Gate evidence, request by tina, approval by alice, promotion to production by bob."""
     from registry.release import decide, promote, request
+    from registry.transition import flush_display
 
     gate_evidence(model, version, champion=champion)
     request(who["tina"], model, version, "production", "ready")
     decide(who["alice"], model, version, "looks good", approve=True)
     promote(who["bob"], model, version, "production")
+    flush_display()  # as the CLI and the app do: MLflow's copies have landed when a release is done
+
+
+def run_cli(*args: str, env: dict | None = None) -> tuple[int, str, str]:
+    """`mlops <args>` in this process, as a user's shell runs it: (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+    import os
+    import sys
+
+    from mlops.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_argv = dict(os.environ), sys.argv
+    os.environ.update(env or {})
+    sys.argv = ["mlops", *args]
+    code = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main()
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.argv = saved_argv
+    return code, out.getvalue(), err.getvalue()
+
+
+def as_user(name: str) -> dict:
+    return {"MLOPS_USER": name, "MLOPS_PASSWORD": PASSWORDS[name]}

@@ -1,21 +1,20 @@
-"""Compare-and-set: check, ledger and move aliases as one serialized act, or change nothing.
+"""The one door: every release act, checked and written here, in an order where the ledger decides.
 
-PostgreSQL: one transaction holds the ledger head row `FOR UPDATE`, re-reads the state, checks the caller's
-expectation, appends the entries, moves the MLflow alias (MLflow's own connection, other rows) and commits.
-A failure before the commit rolls the ledger back and restores the alias.
-
-SQLite: the MLflow store and the ledger share one file, and SQLite has one writer, so a ledger transaction held
-open would block MLflow's own alias write. A lock file beside the database serializes registry writers instead:
-under it the state is read, checked, the alias moved, and the entries appended in one short `BEGIN IMMEDIATE`.
-
-Either way a crash between the alias move and the ledger commit leaves an alias the ledger does not explain:
-`mlops registry verify` reports it and `mlops registry reconcile` moves it back (ledgered).
+Only this module moves an MLflow alias or writes a governed tag (a test walks every module's AST to hold it).
+An act is serialized (a lock file beside a SQLite store; a PostgreSQL advisory lock otherwise), then, in one
+ledger transaction: the whole chain is verified (a chain that does not verify stops every act, naming the first
+bad entry), the model's state is replayed, the caller's `plan_for(state)` decides or refuses, and the entries
+are appended and committed. Only then are MLflow's aliases and stage tags, display copies of the ledger's word,
+written. So a fault before the commit changes nothing, and a fault after it leaves an act that is in force
+(every consumer resolves releases from the ledger) with a display copy that lags: the act says so in one
+paragraph (exit 2), and the next act, or the same command run again, rewrites the copy.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,22 +66,22 @@ def _file_lock(path: Path | None):
 
 
 def registry_aliases(model: str) -> dict[str, str]:
-    """The aliases MLflow holds now (a model not yet in MLflow has none)."""
-    from mlops.model_refs import client, is_missing, unavailable
+    """The aliases MLflow holds now (a model not yet in MLflow has none), once this process's pending display
+    copies have landed."""
+    from mlops.tracking import registered_aliases
 
-    try:
-        found = client().get_registered_model(model)
-    except Exception as err:
-        if is_missing(err):
-            return {}
-        raise unavailable(err, f"registered model '{model}'") from err
-    return {a: str(v) for a, v in (found.aliases or {}).items()}
+    flush_display()
+    return registered_aliases(model)
 
 
-def _move_aliases(model: str, moves: dict[str, tuple[str | None, str | None]], *, undo: bool = False) -> None:
-    from mlops.model_refs import call, client
+def _move_aliases(model: str, moves: dict[str, tuple[str | None, str | None]], *, undo: bool = False,
+                  store: str | None = None) -> None:
+    from mlops.tracking import call, client
 
-    c = client()
+    # The registry client itself: MlflowClient's wrappers first read the whole registered model to refuse prompts,
+    # a second round trip per alias for a model the registry registered itself. Deleting an alias MLflow does not
+    # hold is a no-op there.
+    c = client(store)._get_registry_client()
     for alias, (before, after) in moves.items():
         target = before if undo else after
         if target is None:
@@ -91,117 +90,210 @@ def _move_aliases(model: str, moves: dict[str, tuple[str | None, str | None]], *
             call(f"alias @{alias}", c.set_registered_model_alias, model, alias, target)
 
 
-def _check_display_copy(state, model: str, plan: Plan) -> None:
-    """Refuse to move an alias that was moved behind the registry's back: the ledger's word must hold first."""
-    from registry.state import ALIAS_OF_STAGE
+def _check_display_copy(state, model: str, plan: Plan, actual: dict[str, str] | None = None) -> None:
+    """Refuse to move an alias that was moved behind the registry's back: the ledger's word must hold first.
+    `actual`: MLflow's aliases read under this act's lock (read now when not given)."""
+    from registry.audit import alias_drift
 
-    actual = registry_aliases(model)
-    for alias in sorted(set(ALIAS_OF_STAGE.values()) | set(plan.aliases)):  # any governed alias, not just this one
-        said = state.aliases.get(alias)
-        if actual.get(alias) != said:
-            raise RefusedError(
-                f"MLflow's @{alias} of '{model}' points to {actual.get(alias) or 'nothing'}, but the ledger says "
-                f"{said or 'nothing'}: it was moved outside the registry. Nothing was changed. Fix: run "
-                f"`mlops registry verify {model}`, then `mlops registry reconcile {model}` (admin)."
-            )
+    drifted = alias_drift(state, actual)  # the one comparison of MLflow's aliases with the ledger's
+    if drifted:
+        raise RefusedError(f"{drifted[0]}: it was moved outside the registry. Nothing was changed. Fix: run "
+                           f"`mlops registry verify {model}`, then `mlops registry reconcile {model}` (admin).")
 
 
-def run(model: str, plan_for: Callable, *, url: str | None = None, repairing: bool = False) -> list:
-    """Serialize, replay the model's state, let `plan_for(state)` decide (or raise a refusal), then write.
+class DisplayLagError(MLOpsError):
+    """The act is in the ledger and in force, but a display copy in MLflow could not be written."""
 
-    Returns the appended ledger entries.
-    """
+
+STAGE_TAG = "registry.stage"  # the display copy of a version's stage
+PG_LOCK_KEY = 0x6D6C6F7073  # "mlops": one advisory lock serializes registry acts on a PostgreSQL store
+
+
+@contextlib.contextmanager
+def _act_lock(eng, db: str):
+    """Acts one at a time, from the ledger commit through the display writes, so copies land in ledger order."""
+    if eng.dialect.name == "sqlite":
+        with _file_lock(_sqlite_lock_path(db)):
+            yield
+        return
+    from registry.ledger import db_errors, lock_engine
+
+    with db_errors(db, "lock"):
+        conn = lock_engine(db).connect()
+        wait = int(float(os.environ.get("MLOPS_REGISTRY_LOCK_TIMEOUT", "120")) * 1000)
+        conn.exec_driver_sql(f"SET lock_timeout = {wait}")
+        conn.exec_driver_sql(f"SELECT pg_advisory_lock({PG_LOCK_KEY})")
+        conn.commit()
+    try:
+        yield
+    finally:
+        try:
+            conn.exec_driver_sql(f"SELECT pg_advisory_unlock({PG_LOCK_KEY})")
+            conn.commit()
+        except Exception:  # noqa: BLE001 - a lost connection has released its session lock already
+            conn.invalidate()
+        conn.close()
+
+
+def run(model: str, plan_for: Callable, *, url: str | None = None, repairing: bool = False,
+        prepare: Callable | None = None) -> list:
+    """Serialize, verify, replay the model's state, let `plan_for(state)` decide (or raise a refusal), commit
+    the entries, then write the display copies. Returns the appended ledger entries (none: nothing to do).
+
+    The act is in force when its entries commit: that is when this returns. MLflow's display copies (aliases,
+    then stage tags) are written next by a writer thread that still holds the act lock, so no other act starts
+    before they land and copies land in ledger order; `flush_display(report=True)` waits for them and raises
+    `DisplayLagError` if they could not be written (the CLI and the app do, before they answer).
+
+    `prepare(state)` runs under the act lock before the ledger transaction: the place for an MLflow write the
+    entries will name (a new model version), so concurrent acts never race inside MLflow."""
     from registry import ledger
-    from registry.state import replay
+    from registry.identities import GOVERNANCE
+    from registry.resolve import state_in
 
     flush_display()  # the previous act's display copies land first, in order
     db = ledger.ledger_url(url)
     eng = ledger.engine(db)
-    if eng.dialect.name == "sqlite":
-        with _file_lock(_sqlite_lock_path(db)):
-            state = replay(model, ledger.entries(model, db))
-            plan = plan_for(state)
-            if not repairing:
-                _check_display_copy(state, model, plan)
-            _move_aliases(model, plan.aliases)
-            try:
-                with ledger.locked(db) as (conn, seq, head):
-                    written = _append_all(conn, seq, head, plan)
-            except BaseException:
-                _undo(model, plan)
-                raise
-    else:
-        moved = False
-        try:
-            with ledger.locked(db) as (conn, seq, head):
-                state = replay(model, _entries_in(conn, model))
-                plan = plan_for(state)
-                if not repairing:
-                    _check_display_copy(state, model, plan)
-                written = _append_all(conn, seq, head, plan)
-                moved = True
-                _move_aliases(model, plan.aliases)
-        except BaseException:
-            if moved:
-                _undo(model, plan)
-            raise
-    _write_display_tags_later(model, plan)
-    return written
-
-
-def _entries_in(conn, model: str):
-    import json
-
-    import sqlalchemy as sa
-
-    from registry.ledger import LEDGER, Entry
-
-    rows = conn.execute(sa.select(LEDGER).where(LEDGER.c.model == model).order_by(LEDGER.c.seq)).mappings().all()
-    return [Entry(**{**dict(r), "evidence": json.loads(r["evidence"]) if r["evidence"] else {}}) for r in rows]
-
-
-def _append_all(conn, seq: int, head: str, plan: Plan) -> list:
-    from registry.ledger import append
-
-    written = []
-    for values in plan.entries:
-        entry = append(conn, seq, head, **values)
-        seq, head = entry.seq, entry.hash
-        written.append(entry)
-    return written
-
-
-def _undo(model: str, plan: Plan) -> None:
+    governed = model != GOVERNANCE
+    held = contextlib.ExitStack()
+    held.enter_context(_act_lock(eng, db))
     try:
-        _move_aliases(model, plan.aliases, undo=True)
-    except Exception as err:  # noqa: BLE001 - the store is gone too: verify/reconcile repair it later
-        log.error("could not restore aliases of %s after a failed transition (%s); run `mlops registry verify %s`",
-                  model, err, model)
+        known = ledger.verified(db)
+        shown = None
+        if governed:  # outside the ledger transaction: on SQLite, MLflow's writes need the file's write lock
+            shown = _heal_display(model, state_in(model, known.entries), known.entries)
+            if prepare is not None:
+                prepare(state_in(model, known.entries))
+        with ledger.locked(db, known=known) as chain:
+            state = state_in(model, chain.entries)
+            if governed:
+                _refuse_policy_conflict(state)
+            plan = plan_for(state)
+            if governed and not repairing:
+                _check_display_copy(state, model, plan, shown)
+            written = [ledger.append(chain, **values) for values in plan.entries]
+    except BaseException:
+        held.close()
+        raise
+    _write_display_later(model, plan, written, held)
+    return written
+
+
+def _refuse_policy_conflict(state) -> None:
+    from registry.config import policy_file_conflict
+
+    problem = policy_file_conflict(state.policy)
+    if problem:
+        raise RefusedError(problem)
+
+
+def _write_aliases(model: str, plan: Plan, written: list, store: str | None = None) -> None:
+    if not plan.aliases:
+        return
+    last = None
+    for _attempt in range(2):
+        try:
+            _move_aliases(model, plan.aliases, store=store)
+            return
+        except MLOpsError as err:
+            last = err
+    seqs = ", ".join(f"#{e.seq}" for e in written)
+    raise DisplayLagError(
+        f"the act is recorded in the ledger (entry {seqs}) and is in force: serving and every consumer resolve "
+        f"releases from the ledger. MLflow's display alias of '{model}' could not be written ({last}). Fix: none "
+        f"is needed for serving; run the same command again, or any registry act on '{model}', once the store "
+        "answers, and the copy is rewritten (`mlops registry status` shows it until then)."
+    ) from None
+
+
+def _last_moves(model: str, entries) -> dict[str, tuple[str | None, str | None]]:
+    """Per governed alias, (before, after) of the newest ledger entry that moved it."""
+    moves: dict[str, tuple[str | None, str | None]] = {}
+    for e in entries:
+        if e.model != model:
+            continue
+        if e.alias:
+            moves[e.alias] = (e.alias_before, e.alias_after)
+        for released in e.evidence.get("released_aliases") or ():
+            moves[released] = (e.version, None)
+    return moves
+
+
+def _heal_display(model: str, state, entries) -> dict[str, str]:
+    """Rewrite a display alias that still shows what the ledger's newest move replaced: an earlier act whose
+    display write failed after its commit. Anything else that differs was moved by hand and is refused later.
+    Returns MLflow's aliases as they are now."""
+    from registry.state import ALIAS_OF_STAGE
+
+    actual = registry_aliases(model)
+    moves = _last_moves(model, entries)
+    lagging = {}
+    for alias in ALIAS_OF_STAGE.values():
+        said, shown = state.aliases.get(alias), actual.get(alias)
+        if shown != said and alias in moves and moves[alias][0] == shown:
+            lagging[alias] = (shown, said)
+    if lagging:
+        log.warning("display aliases of %s lagged behind the ledger; rewriting %s", model, sorted(lagging))
+        _move_aliases(model, lagging)
+        # The act whose alias write failed wrote no stage tags either: rewrite them all, in the ledger's words.
+        _write_display_tags(model, Plan(version_tags={v: {STAGE_TAG: vs.stage} for v, vs in state.versions.items()}))
+        actual = {**{a: v for a, v in actual.items() if a not in lagging},
+                  **{a: after for a, (_, after) in lagging.items() if after is not None}}
+    return actual
 
 
 _DISPLAY: list[threading.Thread] = []
+_LAGS: list[tuple[int, DisplayLagError]] = []  # (the acting thread, what its display writer could not write)
 
 
-def _write_display_tags_later(model: str, plan: Plan) -> None:
-    """Display copies are written off the act's critical path, on a non-daemon thread (so a CLI process waits
-    for them at exit); the next act, `verify` and `flush_display()` wait for them first."""
-    if not plan.version_tags:
+def _write_display_later(model: str, plan: Plan, written: list, held: contextlib.ExitStack) -> None:
+    """Write the act's display copies on a non-daemon thread (a CLI process waits for it at exit) that releases
+    the act lock once they are written."""
+    if not plan.aliases and not plan.version_tags:
+        held.close()
         return
-    thread = threading.Thread(target=_write_display_tags, args=(model, plan), name=f"display-tags-{model}")
+    from mlops.tracking import tracking_uri
+
+    actor, store = threading.get_ident(), tracking_uri()  # the act's store, whatever this process uses next
+
+    def write() -> None:
+        try:
+            _write_aliases(model, plan, written, store)
+            _write_display_tags(model, plan, store)
+        except DisplayLagError as err:
+            log.warning("%s", err)
+            _LAGS.append((actor, err))
+        finally:
+            held.close()
+
+    thread = threading.Thread(target=write, name=f"display-{model}")
     _DISPLAY.append(thread)
     thread.start()
 
 
-def flush_display() -> None:
-    while _DISPLAY:
-        _DISPLAY.pop(0).join()
+def flush_display(*, report: bool = False) -> None:
+    """Wait for this process's pending display copies. `report`: raise the `DisplayLagError` of any act of this
+    thread whose copies could not be written since its last report (an act in force whose MLflow copy lags)."""
+    while True:
+        try:
+            thread = _DISPLAY.pop(0)
+        except IndexError:  # empty, or another thread took the last one (it waits for it)
+            break
+        thread.join()
+    if report:
+        me = threading.get_ident()
+        mine = [item for item in list(_LAGS) if item[0] == me]
+        for item in mine:
+            _LAGS.remove(item)
+        if mine:
+            raise mine[-1][1]
 
 
-def _write_display_tags(model: str, plan: Plan) -> None:
+def _write_display_tags(model: str, plan: Plan, store: str | None = None) -> None:
     """Stage tags are display copies: a failure here is reported by verify and repaired by reconcile."""
-    from mlops.model_refs import call, client
+    from mlops.tracking import call, client
 
-    c = client()
+    c = client(store)
     for version, tags in plan.version_tags.items():
         for key, value in tags.items():
             try:

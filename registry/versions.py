@@ -7,8 +7,9 @@ A version carries its run's lineage tags, its content id and its deployment prof
 from __future__ import annotations
 
 from mlops.lineage import Tag
-from mlops.model_refs import ModelDescription, call, client, find_hf_folder, is_missing, unavailable
+from mlops.model_refs import ModelDescription, find_hf_folder
 from mlops.profile import PROFILE_FILE
+from mlops.tracking import call, client, is_missing, unavailable
 
 
 def _run_profile(run_id: str, artifact_path: str):
@@ -24,12 +25,11 @@ def _run_profile(run_id: str, artifact_path: str):
     return load_profile(find_hf_folder(download(f"runs:/{run_id}/{artifact_path}")))
 
 
-def register_model_version(
-    run_id: str, name: str, *, artifact_path: str = "model", alias: str | None = None, tags: dict | None = None
-) -> str:
-    """Register a run's logged model as a new version that carries the run's lineage and deployment profile.
+def register_model_version(run_id: str, name: str, *, artifact_path: str = "model", tags: dict | None = None) -> str:
+    """Register a run's logged model as a new MLflow version that carries the run's lineage and deployment profile.
 
-    Returns the new version number.
+    Returns the new version number. Only `registry.release.register` calls this for governed models (under the
+    act lock, then ledgered); it moves no alias.
     """
     import mlflow
 
@@ -53,15 +53,28 @@ def register_model_version(
     }
     use_store()
     str_tags = {k: str(v) for k, v in version_tags.items()}
-    mv = call(f"registered model '{name}'",
-              lambda: mlflow.register_model(f"runs:/{run_id}/{artifact_path}", name, tags=str_tags))
-    if alias:
-        set_alias(name, alias, str(mv.version))
+    mv = _create_retrying(name, lambda: mlflow.register_model(f"runs:/{run_id}/{artifact_path}", name,
+                                                              tags=str_tags))
     return str(mv.version)
 
 
-def set_alias(name: str, alias: str, version: str) -> None:
-    call(f"registered model '{name}'", client().set_registered_model_alias, name, alias, str(version))
+def _create_retrying(name: str, create, attempts: int = 6):
+    """MLflow's create-model race: a peer creating the same registered model at the same moment makes the loser
+    fail ("could not read registered model", already exists). The model exists then: retry, with backoff."""
+    import random
+    import time
+
+    for attempt in range(attempts):
+        try:
+            return call(f"registered model '{name}'", create)
+        except Exception as err:  # noqa: BLE001 - retried only while a peer's create is the likely cause
+            text = str(err).lower()
+            racing = any(s in text for s in ("could not read registered model", "already exists",
+                                             "unique constraint", "duplicate key"))
+            if not racing or attempt == attempts - 1:
+                raise
+            time.sleep(0.05 * (2 ** attempt) * (1 + random.random()))
+    raise AssertionError("unreachable")
 
 
 def version_tags(name: str, version: str) -> dict[str, str]:
@@ -75,6 +88,9 @@ def version_tags(name: str, version: str) -> dict[str, str]:
 
 def describe_versions(name: str) -> list[ModelDescription]:
     """Every version of a registered model, newest first, from registry tags alone (no run reads, no downloads)."""
+    from registry.transition import flush_display
+
+    flush_display()  # this process's pending display copies first
     c = client()
     model = call(f"registered model '{name}'", c.get_registered_model, name,
                  missing=f"there is no registered model '{name}'")

@@ -144,12 +144,31 @@ def release(p: dict, version: str, state: dict, *, first: bool) -> None:
         # The policy asks for shadow evidence, and a first release has no champion whose traffic it could shadow.
         sh("mlops", "registry", "override", MODEL, version, "--gate", "shadow", "--reason",
            "first release: no champion serves traffic yet to shadow", env=ADMIN)
+    if not first:  # the shadow gate reads the stored report: the serving stage's comparison of the shadow's answers
+        sh("mlops", "shadow", "report", MODEL, version)
     if not any(r.get("version") == version for r in state.get("pending", [])):
         sh("mlops", "registry", "request", MODEL, version, "--to", "production", "--comment",
            f"round {'1' if first else '2'} of the demo", env=TRAINER, check=False)
     sh("mlops", "registry", "approve", MODEL, version, "--comment", "gates, spot-check and shadow reviewed",
        env=APPROVER, check=False)  # a rerun after a crash may find it approved already: promote says if not
     sh("mlops", "registry", "promote", MODEL, version, "--to", "production", env=APPROVER)
+
+
+PEOPLE = {"ada": ("trainer", TRAINER), "grace": ("approver", APPROVER)}
+
+
+def set_up_registry() -> None:
+    """The registry's trust root, once: bootstrap (its key, the first admin, the project's release policy), then
+    the demo's people, each added by the admin as a ledgered act. A rerun finds them and changes nothing."""
+    if subprocess.run(["mlops", "registry", "user", "list", "--json"], capture_output=True, text=True,
+                      env={**os.environ, **ADMIN}).returncode != 0:
+        sh("mlops", "registry", "bootstrap", "--admin", "admin",
+           env={**ADMIN, "MLOPS_NEW_PASSWORD": ADMIN["MLOPS_PASSWORD"]})
+    known = {u["name"] for u in out_json("mlops", "registry", "user", "list", "--json", env=ADMIN)}
+    for name, (role, who) in PEOPLE.items():
+        if name not in known:
+            sh("mlops", "registry", "user", "add", name, "--role", role,
+               env={**ADMIN, "MLOPS_NEW_PASSWORD": who["MLOPS_PASSWORD"]})
 
 
 def main() -> None:
@@ -161,6 +180,7 @@ def main() -> None:
     if not started.exists():  # the harvest window: everything this demo home ever served
         started.write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     sh("mlops", "tracking", "init", "--experiment", "demo")
+    set_up_registry()
 
     step("1. base model and smoke check (converted once; a rerun is a no-op)")
     sh("mlops", "base-model", "import", p["base"])

@@ -93,14 +93,14 @@ def revoke_key(path: Path, key_id: str) -> dict:
 
 
 class IdentityVerifier:
-    """`Bearer <user>:<password>` checked against the registry's identities file (argon2).
+    """`Bearer <user>:<password>` checked against the registry's identities (its verified ledger; argon2).
 
     argon2 costs tens of milliseconds by design, so a verdict is remembered for `ttl` seconds under the token's
     SHA-256 (failures too: a client retrying a wrong password cannot make the server hash on every request).
-    A changed identities file takes effect when the remembered verdicts expire."""
+    A changed identity takes effect when the remembered verdicts expire."""
 
-    def __init__(self, path: Path | None = None, *, ttl: float = 60.0) -> None:
-        self.path, self.ttl = path, ttl
+    def __init__(self, *, ttl: float = 60.0) -> None:
+        self.ttl = ttl
         self._lock = threading.Lock()
         self._seen: dict[str, tuple[float, Identity | None]] = {}
 
@@ -116,7 +116,7 @@ class IdentityVerifier:
         from mlops.identities import AuthError, authenticate
 
         try:
-            identity: Identity | None = Identity(f"user:{name}", authenticate(name, password, self.path).name)
+            identity: Identity | None = Identity(f"user:{name}", authenticate(name, password).name)
         except AuthError:
             identity = None
         with self._lock:

@@ -69,15 +69,11 @@ def measure_capacity(ref: str, *, levels=LEVELS, requests: int = 16, max_tokens:
     """(capacity run id, report) for `ref` served in its deployment form."""
     import psutil
 
-    from mlops.lineage import collect_lineage
-    from mlops.model_refs import resolve_model_ref, set_version_tags
-    from mlops.tracking import tracked_run
+    from mlops.model_refs import resolve_model_ref
     from serving.process import ServerProcess
 
     model = resolve_model_ref(ref)
     profile = model.profile()
-    work = Path(tempfile.mkdtemp(prefix="capacity-"))
-    profile_file = profile.save_as(work / "deployment_profile.yaml")
 
     def rss_of(pid: int):
         def rss() -> int:
@@ -85,25 +81,37 @@ def measure_capacity(ref: str, *, levels=LEVELS, requests: int = 16, max_tokens:
             return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
         return rss
 
-    with ServerProcess(model.hf_dir, profile_file, model.served_name, work / "server.log") as server:
-        server.start(600)
-        report = asyncio.run(_measure(server.url, server.headers, rss_of(server.proc.pid),
-                                      name=model.served_name, levels=levels,
-                                      requests=requests, max_tokens=max_tokens, soak_s=soak_s, windows=windows,
-                                      share=share))
-    report.update({"model_ref": ref, "deployment_form": profile.deployment_form(), "max_tokens": max_tokens,
-                   "knee_share": share, "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    lineage = collect_lineage("capacity", 0, extra={Tag.STAGE: "capacity", Tag.MODEL_REF: ref,
-                                                    Tag.MODEL_KEY: model.key, Tag.EVAL_ENGINE: profile.deployment_form()})
-    with tracked_run(experiment, run_name=f"capacity {model.served_name} on {profile.deployment_form()}",
-                     tags=lineage.as_tags()) as run:
+    with tempfile.TemporaryDirectory(prefix="capacity-") as tmp:
+        work = Path(tmp)
+        profile_file = profile.save_as(work / "deployment_profile.yaml")
+        with ServerProcess(model.hf_dir, profile_file, model.served_name, work / "server.log") as server:
+            server.start(600)
+            report = asyncio.run(_measure(server.url, server.headers, rss_of(server.proc.pid),
+                                          name=model.served_name, levels=levels,
+                                          requests=requests, max_tokens=max_tokens, soak_s=soak_s, windows=windows,
+                                          share=share))
+        report.update({"model_ref": ref, "deployment_form": profile.deployment_form(), "max_tokens": max_tokens,
+                       "knee_share": share, "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        return _log_capacity(model, report, work / "server.log", experiment), report
+
+
+def _log_capacity(model, report: dict, server_log: Path, experiment: str) -> str:
+    """The capacity run (report, metrics, server log), named on the version; returns its id."""
+    from mlops.lineage import collect_lineage
+    from mlops.model_refs import set_version_tags
+    from mlops.tracking import tracked_run
+
+    form = report["deployment_form"]
+    lineage = collect_lineage("capacity", 0, extra={Tag.STAGE: "capacity", Tag.MODEL_REF: report["model_ref"],
+                                                    Tag.MODEL_KEY: model.key, Tag.EVAL_ENGINE: form})
+    with tracked_run(experiment, run_name=f"capacity {model.served_name} on {form}", tags=lineage.as_tags()) as run:
         run.log_dict(report, "capacity/capacity.json")
         run.log_metrics({"ceiling_tokens_per_s": report["ceiling_tokens_per_s"],
                          "knee_concurrency": report["knee"]["concurrency"], "rss_drift": report["rss_drift"],
                          "tokens_per_s_drift": report["tokens_per_s_drift"]}, step=0)
-        run.log_artifact(work / "server.log", "capacity")
+        run.log_artifact(server_log, "capacity")
         set_version_tags(model, {Tag.CAPACITY_RUN: run.run_id})
-        return run.run_id, report
+        return run.run_id
 
 
 def render(report: dict) -> str:

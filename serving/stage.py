@@ -8,3 +8,4 @@ def register(stages) -> None:
 
     stages.add_section("serve", ServeConfig)
     stages.add_commands("serving", "serving.cli:register")
+    stages.add_service("spot_check_answers", "serving.spot_answers:served_answers")

@@ -32,12 +32,36 @@ def mlops_home(tmp_path, monkeypatch) -> Path:
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("MLOPS_HOME", str(home))
+    monkeypatch.setenv("MLOPS_LEDGER_KEY_DIR", str(tmp_path / "ledger-keys"))  # this test's registry keys
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
     monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+    flush_pending_display()
     forget_process_wide_store()
     return home
+
+
+def flush_pending_display() -> None:
+    """An earlier test's registry act may still be writing MLflow's display copies into its own store."""
+    import sys
+
+    transition = sys.modules.get("registry.transition")
+    if transition is not None:
+        transition.flush_display()
+
+
+REGISTRY_STORES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=REGISTRY_STORES)
+def store(request, mlops_home, monkeypatch) -> str | None:
+    """Each registry store in turn: the embedded SQLite file (None), then a fresh PostgreSQL database (its URL)."""
+    if request.param == "postgresql":
+        url = request.getfixturevalue("postgres_url")
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+        return url
+    return None
 
 
 def forget_process_wide_store() -> None:
@@ -120,6 +144,7 @@ def postgres_url() -> str:
         base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
         yield f"{base}/{name}"
     finally:
+        flush_pending_display()  # before its database goes
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
 
@@ -131,6 +156,7 @@ def app_store_template(tmp_path_factory, tiny_model) -> Path:
     home.mkdir()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLOPS_HOME", str(home))
+        mp.setenv("MLOPS_LEDGER_KEY_DIR", str(home / "ledger-keys"))
         for name in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLOPS_REGISTRY_DB"):
             mp.delenv(name, raising=False)
         from app.testing import seed_release
@@ -145,7 +171,8 @@ def app_store(app_store_template, mlops_home, monkeypatch) -> Path:
     import shutil
 
     monkeypatch.delenv("MLOPS_REGISTRY_DB", raising=False)
-    for rel in (".mlops/mlflow.db", "configs/registry/identities.yaml"):
-        (mlops_home / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(app_store_template / rel, mlops_home / rel)
+    (mlops_home / ".mlops").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(app_store_template / ".mlops/mlflow.db", mlops_home / ".mlops/mlflow.db")
+    # The registry's key and this machine's anchor travel with the database they belong to.
+    shutil.copytree(app_store_template / "ledger-keys", os.environ["MLOPS_LEDGER_KEY_DIR"])
     return mlops_home

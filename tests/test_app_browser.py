@@ -179,13 +179,13 @@ def test_an_approver_approves_promotes_and_rolls_back_in_a_browser(app_server):
 
             go(page, "Ledger")
             page.get_by_role("heading", name="Entry", exact=True).wait_for()
-            page.get_by_text("#13 rollback by alice").wait_for()  # the newest entry, selected
+            page.get_by_text("#19 rollback by alice").wait_for()  # the newest entry, selected
             settle(page)
             shown = page.get_by_test_id("stMain").inner_text()
-            assert "Chain verified: 13 entries" in shown
-            assert "@production → v1, since entry #13 (rollback by alice" in shown
+            assert "Chain verified: 19 entries" in shown
+            assert "@production → v1, since entry #19 (rollback by alice" in shown
             page.get_by_test_id("stSelectbox").filter(has_text="Entry").first.click()
-            assert page.get_by_role("option", name="#12 promote bot v2 by alice").count() == 1
+            assert page.get_by_role("option", name="#18 promote bot v2 by alice").count() == 1
             page.keyboard.press("Escape")
             settle(page)
             page.screenshot(path=str(shots / "ledger.png"), full_page=True)

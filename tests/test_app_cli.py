@@ -68,21 +68,22 @@ def test_a_tracking_server_without_a_named_ledger_database_is_refused_before_sta
         preflight()
 
 
-def test_an_identities_file_with_nobody_in_it_is_refused_before_start(mlops_home):
+def test_a_store_without_a_registry_is_refused_before_start_and_not_created(mlops_home):
     from app.cli import preflight
 
-    with pytest.raises(MLOpsError, match="lists nobody, so nobody could log in"):
+    with pytest.raises(MLOpsError, match="does not exist .nothing was created.*bootstrap"):
         preflight()
+    assert not (mlops_home / ".mlops" / "mlflow.db").exists()
 
 
 def test_preflight_names_the_stores_the_app_will_use(mlops_home):
     from app.cli import preflight
-    from mlops.identities import add_user
+    from registry.identities import bootstrap
 
-    add_user("admin", "admin", "admin-pass-1")
+    bootstrap("admin", "admin-pass-1", policy={})
     where = preflight()
     assert where["tracking"] == f"sqlite:///{mlops_home}/.mlops/mlflow.db" == where["ledger"]
-    assert where["identities"].endswith("configs/registry/identities.yaml")
+    assert where["identities"] == "1 in the ledger"
 
 
 def test_a_port_in_use_is_refused_with_the_fix(mlops_home):

@@ -155,8 +155,10 @@ def test_canary_start_needs_the_promote_permission_and_one_canary_at_a_time_and_
     start(reg["bob"], "bot", "2", LIMITS)
     with pytest.raises(RefusedError, match=r"a canary of 'bot' already runs \(v2, started by bob"):
         start(reg["alice"], "bot", "2", LIMITS)
-    from mlops.model_refs import client
+    from mlops.tracking import client
+    from registry.transition import flush_display
 
+    flush_display()  # the acts' own copies land first
     client().set_registered_model_alias("bot", "staging", "2")  # drift: moved by hand in the MLflow UI
     from registry.audit import verify
 

@@ -54,7 +54,7 @@ def scrubber() -> Scrubber:
         ("NI number AB 12 34 56 C please", "NI number [NATIONAL_ID] please", "national_id"),
         ("IBAN DE89 3704 0044 0532 0130 00 thanks", "IBAN [IBAN] thanks", "iban"),
         ("key AKIAIOSFODNN7EXAMPLE leaked", "key [API_KEY] leaked", "api_key"),
-        ("Authorization: Bearer 9f8e7d6c5b4a39281706f5e4d3c2b1a0", "Authorization: Bearer [API_KEY]", "api_key"),
+        ("Authorization: Bearer 9f8e7d6c5b4a39281706f5e4d3c2b1a0", "Authorization: [API_KEY]", "api_key"),
         ("my password is hunter2", "my password is [PASSWORD]", "password"),
         ("my name is Grace Hopper.", "my name is [NAME].", "name"),
         ("I live at 221B Baker Street, London NW1 6XE.", "I live at [ADDRESS].", "address"),

@@ -33,8 +33,13 @@ def registered(mlops_home, tiny_model, tmp_path):
         with tracked_run("test", run_name="train", tags={Tag.STAGE: "train", Tag.BASE_MODEL: "tiny"}) as run:
             run.log_hf_model(folder)
         runs.append(run.run_id)
-    v1 = register_model_version(runs[0], "bot", alias="production")
-    v2 = register_model_version(runs[1], "bot", alias="candidate")
+    from mlops.tracking import client
+
+    v1 = register_model_version(runs[0], "bot")
+    v2 = register_model_version(runs[1], "bot")
+    # Aliases the registry does not govern resolve through MLflow; @production and friends need the ledger.
+    client().set_registered_model_alias("bot", "champion", v1)
+    client().set_registered_model_alias("bot", "challenger", v2)
     return {"run_id": runs[1], "versions": (v1, v2), "profile": profile}
 
 
@@ -55,7 +60,7 @@ def _client():
 def test_registered_version_carries_lineage_and_profile(registered):
     from mlops.model_refs import resolve_model_ref
 
-    model = resolve_model_ref("models:/bot@candidate")
+    model = resolve_model_ref("models:/bot@challenger")
     assert model.kind == "version" and model.version == registered["versions"][1]
     assert model.version_tags[Tag.PROFILE_HASH] == registered["profile"].profile_hash()
     assert model.version_tags[Tag.SOURCE_RUN] == registered["run_id"]
@@ -73,7 +78,7 @@ def test_a_ref_that_does_not_exist_fails_before_anything_starts(registered):
         with pytest.raises(NotFoundError, match="Fix:"):
             run_eval(_cfg(), ref, suites="general")
         assert time.perf_counter() - started < 10, ref
-    with pytest.raises(NotFoundError, match="versions 1, 2 and aliases @candidate, @production"):
+    with pytest.raises(NotFoundError, match="versions 1, 2 and aliases @challenger, @champion"):
         run_eval(_cfg(), "models:/bot@nope", suites="general")
     assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == before
 
@@ -84,14 +89,14 @@ def test_a_profile_other_than_the_released_one_is_refused_unless_forced(register
 
     other = registered["profile"].model_copy(update={"system_prompt": "Be terse."}).save_as(tmp_path / "p.yaml")
     with pytest.raises(ProfileMismatchError, match="system_prompt"):
-        run_eval(_cfg(), "models:/bot@candidate", suites="general", profile_path=other)
+        run_eval(_cfg(), "models:/bot@challenger", suites="general", profile_path=other)
 
 
 @pytest.mark.slow
 def test_eval_logs_suite_results_through_the_served_endpoint(registered):
     from evaluation.runner import run_eval
 
-    outcome = run_eval(_cfg(), "models:/bot@candidate", suites="general,business")
+    outcome = run_eval(_cfg(), "models:/bot@challenger", suites="general,business")
     run = _client().get_run(outcome.run_id)
     assert run.info.status == "FINISHED"
     from evaluation.gate_run import evidence_rule
@@ -130,7 +135,7 @@ def test_an_eval_whose_server_dies_is_failed_with_the_log_and_no_scores(register
         threading.Timer(1.0, lambda: server.proc.send_signal(signal.SIGKILL)).start()
 
     with pytest.raises(ServerError, match="died during the eval"):
-        run_eval(_cfg("eval.limit=20"), "models:/bot@candidate", suites="general", on_server=kill_soon)
+        run_eval(_cfg("eval.limit=20"), "models:/bot@challenger", suites="general", on_server=kill_soon)
     runs = _client().search_runs([e.experiment_id for e in _client().search_experiments()],
                                  f"tags.`{Tag.STAGE}` = 'eval'")
     assert len(runs) == 1 and runs[0].info.status == "FAILED"
@@ -167,11 +172,11 @@ def test_gate_passes_and_fails_and_tags_the_version(registered):
     v1, v2 = registered["versions"]
     _fake_eval("models:/bot/1", general=0.60, billing=0.60)
     _fake_eval("models:/bot/2", general=0.61, billing=0.66)
-    passed = run_gate(_cfg(), "models:/bot@candidate", "models:/bot@production")
+    passed = run_gate(_cfg(), "models:/bot@challenger", "models:/bot@champion")
     assert passed.report.passed and version_tags("bot", v2)[Tag.GATE_EVAL] == "passed"
     assert passed.markdown_path.read_text().startswith("# Gate report: PASSED")
     _fake_eval("models:/bot/2", general=0.40, billing=0.66)  # the newest eval run wins
-    failed = run_gate(_cfg(), "models:/bot@candidate", "models:/bot@production")
+    failed = run_gate(_cfg(), "models:/bot@challenger", "models:/bot@champion")
     assert not failed.report.passed
     tags = version_tags("bot", v2)
     assert tags[Tag.GATE_EVAL] == "failed" and "general_knowledge is inferior" in tags[Tag.GATE_REASONS]
@@ -182,9 +187,9 @@ def test_gate_without_a_champion_uses_floors(registered):
     from evaluation.gate_run import run_gate
 
     _fake_eval("models:/bot/2", general=0.30, billing=0.66)
-    outcome = run_gate(_cfg("eval.gate.floors={general: 0.5}"), "models:/bot/2", "models:/bot@champion")
+    outcome = run_gate(_cfg("eval.gate.floors={general: 0.5}"), "models:/bot/2", "models:/bot@retired")
     assert not outcome.report.passed and outcome.report.champion is None
-    assert "'models:/bot@champion' names no model version yet" in outcome.report.notes[0]
+    assert "'models:/bot@retired' names no model version yet" in outcome.report.notes[0]
 
 
 def test_gate_needs_an_eval_of_the_challenger(registered):
@@ -202,16 +207,16 @@ def test_cli_eval_and_gate_on_the_tiny_model(registered):
 
     _register_stages()
     runner = CliRunner()
-    result = runner.invoke(app, ["eval", "--model", "models:/bot@candidate", "--suites", "general",
+    result = runner.invoke(app, ["eval", "--model", "models:/bot@challenger", "--suites", "general",
                                  "--config", "configs/eval/smoke.yaml", "eval.limit=3"])
     assert result.exit_code == 0, result.output
     assert "general_knowledge" in result.output and "eval run:" in result.output
     # The gate counts only evals of the suites and limit its own config declares: the same overrides.
-    result = runner.invoke(app, ["gate", "--challenger", "models:/bot@candidate", "--champion",
-                                 "models:/bot@production", "--config", "configs/eval/smoke.yaml",
+    result = runner.invoke(app, ["gate", "--challenger", "models:/bot@challenger", "--champion",
+                                 "models:/bot@champion", "--config", "configs/eval/smoke.yaml",
                                  "eval.limit=3", "eval.suites=[general]"])
     # the production version was never evaluated: the gate says how to fix that
-    assert result.exit_code != 0 and "mlops eval --model models:/bot@production" in str(result.exception or "")
+    assert result.exit_code != 0 and "mlops eval --model models:/bot@champion" in str(result.exception or "")
 
 
 @pytest.mark.slow
@@ -219,7 +224,7 @@ def test_a_forced_profile_run_is_labelled(registered, tmp_path):
     from evaluation.runner import run_eval
 
     other = registered["profile"].model_copy(update={"system_prompt": "Be terse."}).save_as(tmp_path / "p.yaml")
-    outcome = run_eval(_cfg("eval.limit=1", "eval.contamination.enabled=false"), "models:/bot@candidate",
+    outcome = run_eval(_cfg("eval.limit=1", "eval.contamination.enabled=false"), "models:/bot@challenger",
                        suites="general", profile_path=other, force_profile=True)
     run = _client().get_run(outcome.run_id)
     assert run.data.tags[Tag.EVAL_FORCED_PROFILE] == "true" and "[FORCED PROFILE]" in run.data.tags["mlflow.runName"]

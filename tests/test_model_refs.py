@@ -16,7 +16,7 @@ def store(mlops_home):
     from mlops.tracking import init_experiment
 
     init_experiment("refs")
-    from mlops.model_refs import client
+    from mlops.tracking import client
 
     return client()
 
@@ -54,14 +54,16 @@ def log_model_run(store, hf_dir: Path, tags: dict | None = None) -> str:
 
 def test_describe_names_version_aliases_lineage_and_profile_without_downloading(store, tiny_model, downloads):
     from mlops.model_refs import describe
+    from mlops.tracking import client
     from registry.versions import register_model_version
 
     run_id = log_model_run(store, Path(tiny_model["path"]))
-    version = register_model_version(run_id, "bot", alias="candidate")
+    version = register_model_version(run_id, "bot")
+    client().set_registered_model_alias("bot", "blue", version)  # an alias the registry does not govern
     downloads.clear()
-    desc = describe("models:/bot@candidate")
+    desc = describe("models:/bot@blue")
     assert downloads == []
-    assert (desc.name, desc.version, desc.aliases, desc.run_id) == ("bot", version, ("candidate",), run_id)
+    assert (desc.name, desc.version, desc.aliases, desc.run_id) == ("bot", version, ("blue",), run_id)
     assert desc.snapshot_id == "snap-1" and desc.lineage[Tag.STAGE] == "train"
     assert desc.content_id.startswith("mc-")
     assert desc.stored_profile().profile_hash() == desc.profile_hash
@@ -94,6 +96,46 @@ def test_run_ref_and_version_ref_of_the_same_weights_share_one_key(store, tiny_m
     assert (by_run.hf_dir / "config.json").exists()
 
 
+@pytest.fixture
+def temp_folder(tmp_path, monkeypatch) -> Path:
+    """The process's temporary folder, empty: whatever is left in it afterwards was leaked."""
+    import tempfile
+
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def test_materializing_models_on_a_local_store_copies_nothing(store, tiny_model, downloads, temp_folder):
+    from mlops.model_refs import resolve_model_ref
+    from registry.versions import register_model_version
+
+    run_id = log_model_run(store, Path(tiny_model["path"]))
+    version = register_model_version(run_id, "bot")
+    for ref in (f"runs:/{run_id}/model", f"models:/bot/{version}"):
+        assert (resolve_model_ref(ref).hf_dir / "config.json").is_file()
+    assert downloads == [] and list(temp_folder.iterdir()) == []
+
+
+def test_a_remote_artifact_is_downloaded_once_into_the_cache_and_nothing_is_left_in_temp(
+        store, tiny_model, downloads, temp_folder, monkeypatch):
+    import mlops.model_refs as refs
+    import mlops.run_store as run_store
+    from mlops.paths import artifact_cache_dir
+
+    run_id = log_model_run(store, Path(tiny_model["path"]))
+    # What a tracking server's `mlflow-artifacts:` or S3 looks like from here: nothing to read in place.
+    monkeypatch.setattr(refs, "_logged_model_in_place", lambda uri: None)
+    monkeypatch.setattr(run_store, "local_artifact", lambda run_id, path: None)
+    first = refs.resolve_model_ref(f"runs:/{run_id}/model")
+    again = refs.resolve_model_ref(f"runs:/{run_id}/model")
+    assert first.hf_dir == again.hf_dir and first.hf_dir.is_relative_to(artifact_cache_dir())
+    assert len(downloads) == 1 and first.key == refs.model_content_id(tiny_model["path"])
+    assert list(temp_folder.iterdir()) == []
+    assert [p.name for p in artifact_cache_dir().iterdir() if ".partial-" in p.name] == []
+
+
 def test_content_id_ignores_the_deployment_profile_but_not_the_weights(tiny_model, tmp_path):
     from mlops.model_refs import model_content_id
 
@@ -114,12 +156,15 @@ def test_unknown_version_says_which_versions_exist(store, tiny_model):
     with pytest.raises(NotFoundError, match=r"has versions 1 and aliases none"):
         describe("models:/bot/9")
     with pytest.raises(NotFoundError, match="no registered model 'nobody'"):
+        describe("models:/nobody@blue")
+    with pytest.raises(NotFoundError, match="holds no release registry"):  # a governed alias needs the ledger
         describe("models:/nobody@production")
 
 
 def test_unreachable_store_is_an_outage_not_a_missing_model(mlops_home, monkeypatch):
     from mlops.files import free_port
-    from mlops.model_refs import RegistryUnavailableError, describe
+    from mlops.model_refs import describe
+    from mlops.tracking import RegistryUnavailableError
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")

@@ -16,7 +16,7 @@ from tests.conftest import REPO
 DOCS = [REPO / "README.md", REPO / "evaluation" / "suites" / "README.md"]
 # Programs that are not ours: the README shows them for context (shell, PostgreSQL, MLflow's server, pip).
 OTHERS = {"export", "source", "cd", "createdb", "psql", "pip", "curl", "optuna-dashboard", "docker", "git", "cat",
-          "deepspeed", "torchrun", "ssh", "echo", "apt-get", "sudo", "unset", "kill", "ls", "open"}
+          "deepspeed", "torchrun", "ssh", "echo", "apt-get", "sudo", "unset", "kill", "ls", "open", "ray"}
 
 
 def shell_lines(text: str) -> list[str]:

@@ -11,8 +11,7 @@ from mlops.lineage import Tag
 
 
 def running_run(tags: dict) -> str:
-    from mlops.model_refs import client
-    from mlops.tracking import init_experiment
+    from mlops.tracking import client, init_experiment
 
     _, exp = init_experiment("reap")
     return client().create_run(exp, tags=tags).info.run_id
@@ -28,9 +27,8 @@ def dead_process_tags() -> dict:
 
 
 def test_reap_marks_a_run_whose_process_died_killed_with_the_reason(mlops_home):
-    from mlops.model_refs import client
     from mlops.reaper import reap
-    from mlops.tracking import process_tags
+    from mlops.tracking import client, process_tags
 
     dead = running_run(dead_process_tags())
     alive = running_run(process_tags())
@@ -66,7 +64,7 @@ def test_tracking_reap_command_lists_then_reaps(mlops_home):
     from typer.testing import CliRunner
 
     from mlops.cli import app
-    from mlops.model_refs import client
+    from mlops.tracking import client
 
     run_id = running_run(dead_process_tags())
     dry = CliRunner().invoke(app, ["tracking", "reap", "--dry-run"])
@@ -80,8 +78,7 @@ def test_tracking_reap_command_lists_then_reaps(mlops_home):
 def test_every_stage_run_records_its_host_and_process(mlops_home):
     import os
 
-    from mlops.model_refs import client
-    from mlops.tracking import tracked_run
+    from mlops.tracking import client, tracked_run
 
     with tracked_run("reap", attach_env_run=False) as run:
         tags = client().get_run(run.run_id).data.tags

@@ -299,11 +299,14 @@ def test_verify_detects_a_tampered_ledger(reg, tamper):
 
 
 def test_an_alias_moved_behind_the_registrys_back_is_reported_refused_and_reconciled(reg):
-    from mlops.model_refs import client
+    from mlops.tracking import client
     from registry.audit import verify
     from registry.release import promote, reconcile
 
     release(reg, "1")
+    from registry.transition import flush_display
+
+    flush_display()  # the acts' own copies land first
     client().set_registered_model_alias("bot", "production", "2")  # the MLflow UI's pencil icon
     result = verify("bot")
     assert "@production points to 2 in MLflow but the ledger says 1" in result.drift["bot"][0]
@@ -335,7 +338,7 @@ def test_a_failed_ledger_write_leaves_alias_and_ledger_as_they_were(reg, monkeyp
 def test_a_locked_sqlite_database_refuses_the_transition_cleanly(reg, monkeypatch):
     import sqlite3
 
-    from mlops.model_refs import RegistryUnavailableError
+    from mlops.tracking import RegistryUnavailableError
     from registry.ledger import LedgerError
     from registry.release import promote
     from registry.transition import flush_display, registry_aliases

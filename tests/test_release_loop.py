@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
-LINKED = ("configs", "mlproject", "evaluation", "scripts")  # what the demo reads from the project
+LINKED = ("mlproject", "evaluation", "scripts")  # what the demo reads from the project (and configs/, below)
 
 
 def _demo(home: Path, env: dict) -> subprocess.CompletedProcess:
@@ -31,12 +31,19 @@ def loop(tmp_path_factory):
     home = tmp_path_factory.mktemp("demo-home")
     for name in LINKED:
         (home / name).symlink_to(REPO / name)
-    policy = home / "policy.yaml"  # the tiny model is random: no share of its answers is "acceptable"
+    (home / "configs").mkdir()
+    for child in (REPO / "configs").iterdir():
+        if child.name != "registry":
+            (home / "configs" / child.name).symlink_to(child)
+    (home / "configs" / "registry").mkdir()
+    # The project's policy, which bootstrap records: the tiny model is random, no share of its answers is
+    # "acceptable".
+    policy = home / "configs" / "registry" / "release.yaml"
     policy.write_text("registry:\n  spot_check: {required: true, min_share_same_or_better: 0.0}\n"
                       "  shadow: {required: true, min_requests: 4}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "MASTER_", "RANK", "WORLD_SIZE",
                                                                     "LOCAL_RANK", "MLOPS_"))}
-    env.update(MLOPS_HOME=str(home), MLOPS_RELEASE_POLICY=str(policy),
+    env.update(MLOPS_HOME=str(home), MLOPS_LEDGER_KEY_DIR=str(home / "ledger-keys"),
                MLFLOW_TRACKING_URI=f"sqlite:///{home / '.mlops' / 'mlflow.db'}",
                PATH=str(Path(sys.executable).parent) + os.pathsep + env["PATH"])
     first = _demo(home, env)
@@ -47,7 +54,7 @@ def loop(tmp_path_factory):
 def stored(loop, monkeypatch):
     import mlflow
 
-    for key in ("MLOPS_HOME", "MLFLOW_TRACKING_URI", "MLOPS_RELEASE_POLICY"):
+    for key in ("MLOPS_HOME", "MLFLOW_TRACKING_URI", "MLOPS_LEDGER_KEY_DIR"):
         monkeypatch.setenv(key, loop["env"][key])
     mlflow.set_tracking_uri(None)
     from registry.report import release_report

@@ -131,16 +131,14 @@ def test_metrics_can_be_opened_for_a_scraper_while_the_api_stays_keyed(tiny_mode
 
 
 def test_a_registry_identity_signs_in_with_its_password_when_the_server_accepts_identities(tiny_model, engine,
-                                                                                             tmp_path, monkeypatch):
+                                                                                             tmp_path, mlops_home):
     from fastapi.testclient import TestClient
 
     from registry.testing import PASSWORDS, make_identities
     from serving.auth import IdentityVerifier, KeyStore
     from serving.server import create_app
 
-    people = tmp_path / "identities.yaml"
-    monkeypatch.setenv("MLOPS_IDENTITIES", str(people))
-    make_identities(people)
+    make_identities()
     verifier = IdentityVerifier()
     store = KeyStore(tmp_path / "keys.json", extra=[verifier])  # no API keys at all: identities only
     app = create_app(tiny_model["path"], load_profile(tiny_model["path"]), model_name="tiny", engine=engine,

@@ -84,7 +84,12 @@ def test_shadow_report_cli_prints_json_and_names_unknown_scorers(mlops_home):
     out = subprocess.run([sys.executable, "-m", "mlops", "shadow", "report", "bot", "2", "--json", "--scorer",
                           "reference_overlap"], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == json.loads(json.dumps(shadow_evidence("bot", "2", scorer="reference_overlap")))
+    printed = json.loads(out.stdout)
+    stored = printed.pop("run_id")  # the report is stored too: the evidence the registry's shadow gate reads
+    assert printed == json.loads(json.dumps(shadow_evidence("bot", "2", scorer="reference_overlap")))
+    from mlops.run_store import load_run_json
+
+    assert load_run_json(stored, "shadow/shadow_report.json") == printed
     table = subprocess.run([sys.executable, "-m", "mlops", "shadow", "report", "bot", "2"], capture_output=True,
                            text=True, env=env, timeout=300)
     assert table.returncode == 0 and "5 shadowed, 3 compared" in table.stdout

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from mlops.identities import AuthError
+from registry.config import set_policy
 from registry.transition import RefusedError
 
 PASSWORDS = {"alice": "alice-pass-1", "bob": "bob-pass-1", "admin": "admin-pass-1"}
@@ -25,6 +26,17 @@ def policy_file(tmp: Path, **spot) -> Path:
 @pytest.fixture
 def reg(mlops_home, tiny_model, tmp_path, monkeypatch):
     """v1 in production, v2 a candidate trained by tina; the release policy requires a spot-check."""
+    return _registry(tiny_model, tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def any_reg(store, mlops_home, tiny_model, tmp_path, monkeypatch):
+    """`reg` on each store in turn: on PostgreSQL an act that reads the spot-check tables holds a third
+    connection (the act lock, the ledger transaction, the read) from its bounded pool."""
+    return _registry(tiny_model, tmp_path, monkeypatch)
+
+
+def _registry(tiny_model, tmp_path, monkeypatch) -> dict:
     from mlops.tracking import init_experiment
     from registry.release import register
     from registry.testing import make_identities, release_version, training_run
@@ -34,7 +46,7 @@ def reg(mlops_home, tiny_model, tmp_path, monkeypatch):
     runs = [training_run(Path(tiny_model["path"]), tmp=tmp_path, variant=i) for i in (1, 2)]
     versions = [register(who["tina"], run_id, "bot") for run_id in runs]
     release_version(who, "bot", "1")  # the first champion, before the policy asked for spot-checks
-    monkeypatch.setenv("MLOPS_RELEASE_POLICY", str(policy_file(tmp_path)))
+    set_policy(who["admin"], policy_file(tmp_path))
     return {"who": who, "versions": versions, "tmp": tmp_path, "tiny": tiny_model, "monkeypatch": monkeypatch}
 
 
@@ -112,11 +124,12 @@ def test_spot_check_draws_a_stratified_blind_sample_answered_by_both_served_mode
     assert created.evidence["champion"] == "1" and created.evidence["served_items"] == 2
 
 
-def test_promotion_needs_a_passed_spot_check_reviewed_blind_by_someone_else(reg):
+def test_promotion_needs_a_passed_spot_check_reviewed_blind_by_someone_else(any_reg):
     from registry.audit import model_state
     from registry.release import decide, promote, request
     from registry.testing import gate_evidence
 
+    reg = any_reg
     who = reg["who"]
     gate_evidence("bot", "2", champion=("1", model_state("bot").versions["1"].content_id))
     request(who["tina"], "bot", "2", "production", "ready")
@@ -189,7 +202,7 @@ def test_verdicts_changed_outside_the_registry_or_a_new_champion_fail_the_gate(r
     from registry.testing import release_version, training_run
 
     v3 = register(reg["who"]["tina"], training_run(Path(reg["tiny"]["path"]), tmp=reg["tmp"], variant=3), "bot")
-    reg["monkeypatch"].setenv("MLOPS_RELEASE_POLICY", str(policy_file(reg["tmp"], required=False)))
+    set_policy(reg["who"]["admin"], policy_file(reg["tmp"], required=False))
     release_version(reg["who"], "bot", v3, champion=("1", model_state("bot").versions["1"].content_id))
     passed, detail, _ = gate()
     assert not passed and "the champion now is v3: it is stale" in detail
@@ -204,7 +217,7 @@ def test_jsonl_round_trip_through_the_cli_records_the_reviewers_verdicts(reg, mo
     runner = CliRunner()
     monkeypatch.setenv("MLOPS_USER", "alice")
     monkeypatch.setenv("MLOPS_PASSWORD", PASSWORDS["alice"])
-    monkeypatch.setattr("registry.spotcheck_sample.served_answers", fake_answers)
+    monkeypatch.setattr("serving.spot_answers.served_answers", fake_answers)
     out = runner.invoke(app, ["spot-check", "bot", "2", "--n", "3", "--seed", "4", "--json"])  # create by default
     assert out.exit_code == 0, out.output
     check_id = json.loads(out.output)["check_id"]
@@ -255,7 +268,7 @@ def test_a_first_release_is_spot_checked_blind_against_the_base_model_it_was_tra
     models_dir().mkdir(parents=True, exist_ok=True)  # this machine holds the base model the run names (bm-test)
     (models_dir() / "catalog.json").write_text(_json.dumps({"models": {"tiny": {
         "name": "tiny", "id": "bm-test", "path": str(tiny_model["path"])}}}))
-    monkeypatch.setenv("MLOPS_RELEASE_POLICY", str(policy_file(tmp_path)))
+    set_policy(who["admin"], policy_file(tmp_path))
     asked = []
 
     def answers(ref, conversations, **_options):

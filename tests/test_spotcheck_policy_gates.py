@@ -1,10 +1,8 @@
-"""The release policy turns gates on: the shadow gate's threshold on shadowed requests, its evidence source, and
-policy file errors that name the field."""
+"""The release policy turns gates on: the shadow gate's threshold on the stored shadow report, and policy file
+errors that name the field."""
 
 from __future__ import annotations
 
-import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -36,19 +34,25 @@ def reg(mlops_home, tiny_model, tmp_path, monkeypatch):
     gate_evidence("bot", "2", champion=("1", model_state("bot").versions["1"].content_id))
     request(who["tina"], "bot", "2", "production", "shadowed for a day")
     decide(who["alice"], "bot", "2", "fine by me", approve=True)  # approval before the policy changed
-    monkeypatch.setenv("MLOPS_RELEASE_POLICY", str(policy(tmp_path, shadow={"required": True, "min_requests": 5,
-                                                                            "max_error_rate": 0.2})))
+    from registry.config import set_policy
+
+    set_policy(who["admin"], policy(tmp_path, shadow={"required": True, "min_requests": 5, "max_error_rate": 0.2}))
     return who
 
 
 def shadow_rows(n: int, *, errors: int = 0, start: int = 0) -> None:
+    """Users answered by v1, each shadowed by v2 (the first `errors` shadows failed); then `mlops shadow report`."""
+    from evaluation.shadow import log_shadow_report, shadow_evidence
     from mlops.requestlog import LoggedRequest, write_requests
 
-    write_requests([LoggedRequest(f"s-{start + i}", "bot", "2", "/v1/chat/completions",
-                                  [{"role": "user", "content": "Where is my order?"}],
+    asked = [{"role": "user", "content": "Where is my order?"}]
+    write_requests([LoggedRequest(f"u-{start + i}", "bot", "1", "/v1/chat/completions", asked, "On its way",
+                                  role="user") for i in range(n)])
+    write_requests([LoggedRequest(f"s-{start + i}", "bot", "2", "/v1/chat/completions", asked,
                                   "" if i < errors else "On its way",
                                   role="shadow", parent_id=f"u-{start + i}", status=500 if i < errors else 200,
                                   error="engine failed" if i < errors else None) for i in range(n)])
+    log_shadow_report(shadow_evidence("bot", "2"))
 
 
 def shadow_result():
@@ -63,7 +67,8 @@ def test_shadow_gate_needs_the_configured_number_of_shadowed_requests_and_few_er
 
     shadow_rows(3)
     result = shadow_result()
-    assert not result.passed and "answered 3 shadowed requests; the policy needs 5" in result.detail
+    assert not result.passed and "answered 3 shadowed requests" in result.detail
+    assert "the policy needs 5" in result.detail
     with pytest.raises(RefusedError, match="shadow gate failed"):
         promote(reg["bob"], "bot", "2", "production")
 
@@ -82,32 +87,32 @@ def test_shadow_gate_needs_the_configured_number_of_shadowed_requests_and_few_er
     assert not shadow["passed"] and shadow["ok"] and shadow["overridden_by"]["by"] == "admin"
 
 
-def test_shadow_gate_takes_servings_shadow_report_when_it_is_installed(reg, monkeypatch):
-    calls = []
+def test_shadow_gate_reads_the_stored_report_and_says_how_to_make_one(reg):
+    from mlops.requestlog import LoggedRequest, write_requests
 
-    def shadow_evidence(model, version):
-        calls.append((model, version))
-        return {"shadowed": 250, "errors": 1, "agreement": 0.93}
-
-    monkeypatch.setitem(sys.modules, "evaluation.shadow", types.SimpleNamespace(shadow_evidence=shadow_evidence))
     result = shadow_result()
-    assert calls == [("bot", "2")] and result.passed and result.evidence["agreement"] == 0.93
+    assert not result.passed and "no stored shadow report" in result.detail and "mlops shadow report" in result.detail
+    write_requests([LoggedRequest("s-late", "bot", "2", "/v1/chat/completions", [], "late", role="shadow")])
+    assert "no stored shadow report" in shadow_result().detail  # live rows are not evidence until reported
+    shadow_rows(6)
+    result = shadow_result()
+    assert result.passed and result.evidence["shadow_run"] and result.evidence["agreement"]["exact"] == 1.0
 
 
-def test_without_a_policy_file_no_new_gate_applies(mlops_home, monkeypatch):
+def test_a_registry_bootstrapped_without_a_policy_file_applies_no_new_gate(mlops_home):
     from registry.config import release_policy
     from registry.gates import policy_gates
+    from registry.testing import make_identities
 
-    monkeypatch.delenv("MLOPS_RELEASE_POLICY", raising=False)
+    make_identities()
     assert policy_gates(None, None, release_policy()) == []
 
 
-def test_a_policy_file_with_a_misspelt_key_names_the_field_and_the_fix(tmp_path, monkeypatch):
-    from registry.config import release_policy
+def test_a_policy_file_with_a_misspelt_key_names_the_field_and_the_fix(tmp_path):
+    from mlops.errors import NotFoundError
+    from registry.config import read_policy_file
 
-    monkeypatch.setenv("MLOPS_RELEASE_POLICY", str(policy(tmp_path, spot_check={"requird": True})))
     with pytest.raises(ConfigError, match=r"unknown key 'registry.spot_check.requird'.*did you mean 'required'"):
-        release_policy()
-    monkeypatch.setenv("MLOPS_RELEASE_POLICY", str(tmp_path / "nowhere.yaml"))
-    with pytest.raises(ConfigError, match="names no file"):
-        release_policy()
+        read_policy_file(policy(tmp_path, spot_check={"requird": True}))
+    with pytest.raises(NotFoundError, match="does not exist"):
+        read_policy_file(tmp_path / "nowhere.yaml")

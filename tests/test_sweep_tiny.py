@@ -4,6 +4,7 @@ Slow: each trial is a real (short) DeepSpeed training run."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -48,12 +49,20 @@ def nested(parent_id: str) -> dict:
     return {r.info.run_name: r for r in c.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent_id}'")}
 
 
-def test_tiny_sweep_prunes_nests_lineage_tagged_runs_and_survives_crashes(mlops_home, tmp_path, tiny_model):
+def test_tiny_sweep_prunes_nests_lineage_tagged_runs_and_survives_crashes(mlops_home, tmp_path, tiny_model,
+                                                                         monkeypatch):
     from mlops.config import config_hash, validate_config
+    from registry.testing import as_user, make_identities
     from registry.versions import version_tags
     from training.sweep.session import run_sweep
 
+    make_identities()  # registering the best trial is a governed act: tina registers it
+    for key, value in as_user("tina").items():
+        monkeypatch.setenv(key, value)
     snapshot = make_snapshot()
+    from registry.testing import data_run
+
+    data_run("sweep-test", snapshot_id=snapshot)  # a tracked build of it: registration needs complete lineage
     good = {"crash": None, "nan": None}
     path = sweep_yaml(tmp_path / "sweep.yaml", base=TINY, base_overrides=base_overrides(tiny_model, snapshot),
                       study="tiny-e2e", params=FAULTS, pruner={"name": "median", "n_startup_trials": 1},
@@ -92,7 +101,23 @@ def test_tiny_sweep_prunes_nests_lineage_tagged_runs_and_survives_crashes(mlops_
     tags = version_tags("tiny-e2e", "1")
     assert tags[Tag.SWEEP_STUDY] == "tiny-e2e" and tags[Tag.SWEEP_TRIAL] == str(best["number"])
     assert tags[Tag.CONFIG_HASH] == runs[f"tiny-e2e-trial-{best['number']}"].data.tags[Tag.CONFIG_HASH]
-    assert str(client().get_model_version_by_alias("tiny-e2e", "candidate").version) == "1"
+    from registry import ledger
+    from registry.audit import model_state
+
+    assert model_state("tiny-e2e").stage_of("1") == "candidate"  # through the registry's door: ledgered, no alias
+    registered = [e for e in ledger.entries("tiny-e2e") if e.action == "register"]
+    assert [(e.actor, e.evidence["run_id"]) for e in registered] == [("tina", best["mlflow_run_id"])]
+    assert not client().get_registered_model("tiny-e2e").aliases
+
+    # The CLI's door is the same one: as an identity, idempotent on the trial's run, and no alias.
+    from registry.testing import as_user, run_cli
+
+    code, out, err = run_cli("sweep", "best", "--study", "tiny-e2e", "--register", "--json", env=as_user("tina"))
+    assert code == 0 and json.loads(out)["version"] == "1", err
+    code, _, err = run_cli("sweep", "best", "--study", "tiny-e2e", "--register", "--alias", "production",
+                           env=as_user("tina"))
+    assert code == 2 and "moves no alias" in err
+    assert len([e for e in ledger.entries("tiny-e2e") if e.action == "register"]) == 1
 
 
 def test_mlflow_run_sweep_entry_point_nests_trials_under_the_projects_run(mlops_home, tmp_path, tiny_model):

@@ -137,8 +137,7 @@ def test_tracking_init_puts_experiment_artifacts_under_project_home(mlops_home):
 
 
 def test_a_run_started_by_mlflow_run_is_named_by_its_stage(mlops_home, monkeypatch):
-    from mlops.model_refs import client
-    from mlops.tracking import init_experiment, tracked_run
+    from mlops.tracking import client, init_experiment, tracked_run
 
     _, exp = init_experiment("naming")
     created = client().create_run(exp, run_name="resilient-kit-860").info.run_id

@@ -91,20 +91,29 @@ def best(
     storage: str | None = StorageOpt,
     register: bool = typer.Option(False, "--register", help="register the best trial's model as a candidate"),
     name: str | None = typer.Option(None, "--name", help="registered model name (default: the study name)"),
-    alias: str = typer.Option("candidate", "--alias", help="alias set on the new version ('' for none)"),
+    alias: str | None = typer.Option(None, "--alias", hidden=True,
+                                     help="no longer moves anything: a release alias is a governed act"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
-    """Print the best trial with its MLflow run (and register its model with --register)."""
+    """Print the best trial with its MLflow run (and register its model with --register: a registry act as
+    MLOPS_USER, ledgered, stage candidate; releasing it is `mlops registry request/approve/promote`)."""
+    from mlops.errors import MLOpsError
     from training.sweep import runner
     from training.sweep import storage as st
     from training.sweep.results import best_summary, register_best
+    from training.sweep.session import registering_identity
 
+    if alias not in (None, "", "candidate"):
+        raise MLOpsError(f"--alias {alias}: a sweep registers its best trial as a candidate and moves no alias; "
+                         f"@{alias} is given only by the registry's release acts. Fix: drop --alias, then `mlops "
+                         "registry request <model> <version> --to production --comment ...`, an approval and "
+                         "`mlops registry promote`.")
     url = st.resolve_url(storage)
     st.check_reachable(url)
     found = runner.load_study(runner.open_study_storage(url), study)
     summary = best_summary(found, runner.study_info(found)["parent_run_id"])
     if register:
-        summary = register_best(found, name=name or study, alias=alias)
+        summary = register_best(found, registering_identity(), name=name or study)
     if as_json:
         typer.echo(json.dumps(summary, indent=2, default=str))
         return
@@ -114,8 +123,7 @@ def best(
     typer.echo(f"run:        {summary['mlflow_run_id']} (parent {summary['parent_run_id']})")
     typer.echo(f"model:      {summary['model_uri']}")
     if register:
-        typer.echo(f"registered: models:/{summary['registered_model']}/{summary['version']}"
-                   + (f" (@{summary['alias']})" if summary.get("alias") else ""))
+        typer.echo(f"registered: models:/{summary['registered_model']}/{summary['version']} (stage candidate)")
 
 
 @app.command("status")

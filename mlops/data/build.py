@@ -9,6 +9,10 @@ Failure is clean: a bad row or record is quarantined alone (with `data.on_bad_re
 SIGTERM or Ctrl-C stops the worker processes and removes the staging folder before it propagates, workers
 of a SIGKILLed build exit by themselves (mlops.data.parallel), and the next build sweeps staging folders
 whose build died. A build that keeps fewer than `data.min_records` records fails and publishes nothing.
+
+`data.executor` picks where the per-record work runs: a local process pool (mlops.data.parallel) or Ray tasks
+on a cluster (mlops.data.ray_executor). Either maps chunks in input order and this process assembles the rest
+the same way, so the snapshot (id, manifest counters, quarantine, shard bytes) does not depend on it.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from mlops.data.gate import SUITES, GateParams
 from mlops.data.inputs import Inputs, cached_snapshot, prepare, remember_build
 from mlops.data.manifest import assemble_manifest, log_build
 from mlops.data.mixing import domain_rng, interleave, plan_mix, select
-from mlops.data.parallel import OrderedPool, chunked
+from mlops.data.parallel import OrderedPool, chunked, open_executor
 from mlops.data.quarantine import Quarantine
 from mlops.data.records import BadInputError, Record, read_source
 from mlops.errors import MLOpsError
@@ -85,7 +89,7 @@ class BuildResult:
     noop: bool
 
 
-def _init_workers(cfg_json: str, eval_index, model_path: str) -> None:
+def _init_workers(cfg_json: str, eval_index, model_path: str | dict) -> None:
     clean.init_worker(cfg_json, eval_index)
     tokenize.init_worker(model_path)
 
@@ -191,11 +195,14 @@ class Build:
         cfg_json = data.model_dump_json()
         try:
             eval_index = self.eval_index()
-            tokenize.preload(inputs.model["path"])
-            import great_expectations  # noqa: F401 - imported once here, so forked workers inherit it
+            if data.executor == "local":  # loaded once here so forked workers inherit them; Ray workers load theirs
+                tokenize.preload(inputs.model["path"])
+                import great_expectations  # noqa: F401
 
             started = time.time()
-            with OrderedPool(data.workers, _init_workers, (cfg_json, eval_index, inputs.model["path"])) as pool:
+            # Ray workers may run where the model folder is not: they get its tokenizer files instead of its path.
+            model = tokenize.portable(inputs.model["path"]) if data.executor == "ray" else inputs.model["path"]
+            with open_executor(data, _init_workers, (cfg_json, eval_index, model)) as pool:
                 cleaner, available, paths = self.clean(pool)
                 self.require_records(sum(available.values()), "after cleaning")
                 plan = plan_mix(available, data.mix.ratios)

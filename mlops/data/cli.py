@@ -58,7 +58,8 @@ def rebuild(snapshot_id: str = typer.Argument(..., help="snapshot id (or unique 
 
     folder = resolve_snapshot(snapshot_id, root)
     m = read_manifest(folder)
-    data = {**m["config"], "output_dir": str(folder.parent)}
+    # Where it ran is no part of what it is: a rebuild runs here, whatever cluster built it (that may be gone).
+    data = {k: v for k, v in m["config"].items() if k not in ("executor", "ray")} | {"output_dir": str(folder.parent)}
     cfg = validate_config({"base_model": m.get("base_model_ref") or m["base_model"]["name"],
                            "run": {"seed": m["seed"], "experiment": "data"}, "data": data},
                           source=f"the manifest of {folder.name}")

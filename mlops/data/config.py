@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from mlops.config import StrictModel, volatile
+from mlops.config import HASH_EXCLUDED, StrictModel, volatile
 
 
 class SourceConfig(StrictModel):
@@ -226,6 +227,39 @@ class GateConfig(StrictModel):
         return value
 
 
+RAY_ADDRESS = re.compile(r"auto|(ray://)?[A-Za-z0-9_.\-]+:[0-9]{1,5}|\[[0-9A-Fa-f:.]+\]:[0-9]{1,5}")
+
+
+class RayConfig(StrictModel):
+    """Where and how `data.executor: ray` runs the per-record work. None of it changes the snapshot (the driver
+    assembles results in input order), so the whole section is left out of the config hash."""
+
+    address: str | None = Field(
+        None, description="Ray cluster to run on: auto (the cluster this node joined), host:port of the head's "
+        "GCS (`ray start --head --port=...`), or ray://host:port (Ray Client, needs ray[client]); unset: start a "
+        "private Ray in the build process with data.workers CPUs"
+    )
+    num_cpus: float = Field(1.0, gt=0, le=64, description="CPUs one task reserves (0.5 runs two tasks per CPU)")
+    max_in_flight: int | None = Field(
+        None, ge=1, description="chunks submitted and not yet collected (memory bound on the driver); "
+        "unset: 2 per task slot of the cluster"
+    )
+    max_retries: int = Field(3, ge=0, le=20, description="times a task is rerun when its worker or node dies")
+    head_timeout_s: float = Field(
+        10.0, ge=1, le=50, description="seconds the head may stay unreachable before the build fails (Ray "
+        "itself ends a driver whose head is gone for 60 s)"
+    )
+    object_store_mb: int = Field(256, ge=64, description="object store of the private Ray (address unset)")
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is None or RAY_ADDRESS.fullmatch(value.strip()):
+            return None if value is None else value.strip()
+        raise ValueError(f"data.ray.address '{value}' is not a Ray address. Fix: use auto, host:port of the head "
+                         "(the --port of `ray start --head`), ray://host:port, or leave it unset for a private Ray")
+
+
 class DataConfig(StrictModel):
     name: str = Field("snapshot", description="human-readable snapshot name")
     sources: list[SourceConfig] = Field(default_factory=list, description="input files")
@@ -253,5 +287,12 @@ class DataConfig(StrictModel):
     decontam: DecontamConfig = Field(default_factory=DecontamConfig)
     mix: MixConfig = Field(default_factory=MixConfig)
     gate: GateConfig = Field(default_factory=GateConfig)
-    workers: int = volatile(2, ge=1, description="processes for MinHash and tokenization (never changes results)")
+    workers: int = volatile(2, ge=1, description="processes for the per-record work (local executor), or CPUs "
+                            "of the private Ray (executor ray without data.ray.address); never changes results")
+    executor: Literal["local", "ray"] = volatile(
+        "local", description="where the per-record work runs: local (a process pool on this machine) or ray (Ray "
+        "tasks on data.ray.address); the same inputs give the same snapshot on either"
+    )
+    ray: RayConfig = Field(default_factory=RayConfig, json_schema_extra={HASH_EXCLUDED: True},
+                           description="data.executor=ray settings (never change results)")
     output_dir: str | None = volatile(None, description="where snapshots are written (default .mlops/snapshots)")

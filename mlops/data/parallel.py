@@ -131,6 +131,16 @@ class OrderedPool:
             ) from None
 
 
+def open_executor(data: Any, initializer: Callable[..., None], initargs: tuple = ()) -> Any:
+    """The pool `data.executor` names: local processes, or Ray tasks (mlops.data.ray_executor). Both map in
+    input order, so the build and its snapshot are the same on either."""
+    if data.executor == "ray":
+        from mlops.data.ray_executor import RayPool
+
+        return RayPool(data.ray, data.workers, initializer, initargs)
+    return OrderedPool(data.workers, initializer, initargs)
+
+
 def chunked(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
     chunk: list[Any] = []
     for item in items:

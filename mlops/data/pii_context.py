@@ -1,10 +1,9 @@
-"""Finders for context-cued PII: passwords, personal names, street addresses and dates of birth.
+"""Finders for context-cued PII: passwords, personal names and dates of birth (street addresses are in
+mlops.data.pii_address).
 
 No named-entity model can be installed here, so these types are found where people announce them: "my
-password is ...", "my name is ...", "I live at ...", "date of birth: ...", greetings and sign-offs, plus street
-shapes that are addresses on their own (a house number, a street name and a street word: "221B Baker Street",
-"Hauptstraße 5", "12 rue de la Paix"). Each finder maps a text to the (start, end) spans it claims; the cue
-itself stays readable ("my password is [PASSWORD]").
+password is ...", "my name is ...", "date of birth: ...", greetings and sign-offs. Each finder maps a text to
+the (start, end) spans it claims; the cue itself stays readable ("my password is [PASSWORD]").
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from collections.abc import Iterator
 Span = tuple[int, int]
 TRAILING = ".,;:!?)]}\"'`”’»"
 PLACEHOLDER = re.compile(r"\[[A-Z_]+\]")
-DIGIT = re.compile(r"\d")
 
 # --------------------------------------------------------------------------- passwords
 
@@ -160,97 +158,6 @@ def _cued_name(text: str, m: re.Match[str], kind: str) -> Iterator[Span]:
     # A sign-off name ends its line or the message: "Thanks, Maria" but not "Thanks, Support will call".
     if span and (kind != "signoff" or re.match(r"[ \t.!]*(?:\n|$)", text[span[1]:])):
         yield span
-
-
-# --------------------------------------------------------------------------- street addresses
-
-STREET_WORDS = (
-    r"street|st|avenue|ave|av|road|rd|boulevard|blvd|lane|ln|drive|dr|court|ct|way|place|pl|terrace|terr|close|"
-    r"crescent|cres|highway|hwy|parkway|pkwy|square|sq|circle|cir|row|mews|gardens|gdns|grove|hill|walk|trail|"
-    r"park|parade|esplanade|broadway|alley|plaza|quay|wharf|green|rise|view|vale"
-)
-_WORD = r"[^\W\d_][\w'’.\-]*"
-US_UNIT = r"(?:,?\s+(?:apt|apartment|suite|ste|unit|flat|floor|fl|room|rm|#)\.?\s*#?\s*[\w-]{1,6})"
-DIRECTION = r"(?:\s+(?:N|S|E|W|NE|NW|SE|SW|North|South|East|West)\b\.?)"
-# Street names are capitalised ("42 Wallaby Way"); "2443 is on its way" is not an address.
-NUMBER_FIRST = re.compile(
-    rf"\b\d{{1,5}}[A-Za-z]?(?:[-/]\d{{1,5}}[A-Za-z]?)?,?\s+(?:(?:[A-Z]|\d+(?:st|nd|rd|th)\b)[\w'’.\-]*\s+){{1,4}}"
-    rf"(?i:{STREET_WORDS})\b\.?{DIRECTION}?(?i:{US_UNIT})?"
-)
-ROMANCE_STREET = re.compile(
-    r"\b\d{1,4}(?:\s?(?:bis|ter))?,?\s+(?:rue|avenue|av\.|boulevard|bd|place|allée|allee|chemin|impasse|quai|"
-    r"route|cours|passage|square)\s+(?:(?:de|du|des|la|le|l'|l’|d'|d’|saint|sainte)\s*)*"
-    rf"{_WORD}(?:\s+{_WORD}){{0,3}}"
-    r"|\b(?:calle|c/|avenida|avda\.?|plaza|paseo|camino|carrer|via|viale|piazza|corso|largo|rua|travessa|praça)\s+"
-    rf"(?:(?:de|del|la|las|los|di|della|dei|degli|da|do|dos|das)\s+)*{_WORD}(?:\s+{_WORD}){{0,3}},?\s+"
-    r"(?:n[º°o]\.?\s*)?\d{1,4}[A-Za-z]?",
-    re.IGNORECASE,
-)
-GERMANIC_HINT = re.compile(r"(?:straße|strasse|str\.|weg|gasse|platz|allee|ring|damm|ufer|chaussee|steig|pfad|gracht|"
-                           r"laan|plein|straat|kade|vej|gade|gatan|vägen|veien|gata|utca|ulica)\s+\d", re.IGNORECASE)
-ADDRESS_WORDS = ("address", "live", "moved", "ship", "deliver", "send", "mail", "located", "i'm at", "habite", "wohne",
-                 "vivo", "dirección", "adresse")
-GERMANIC_STREET = re.compile(
-    r"\b[^\W\d_][\w\-]*(?:straße|strasse|str\.|weg|gasse|platz|allee|ring|damm|ufer|chaussee|steig|pfad|gracht|"
-    r"laan|plein|straat|kade|vej|gade|gatan|vägen|veien|gata|utca|ulica)\s+\d{1,4}\s?[a-zA-Z]?\b",
-    re.IGNORECASE,
-)
-PO_BOX = re.compile(r"\b(?:P\.?\s?O\.?\s?Box|Post\s+Office\s+Box|Postfach|Apartado)\s+\d{1,8}\b", re.IGNORECASE)
-# After the street: ", Springfield, IL 62704", ", London NW1 6XE", ", 10115 Berlin", "75002 Paris".
-POSTCODE = (r"(?:\d{4,5}(?:-\d{3,4})?|[A-Z]{1,2}\d[A-Z\d]?\s?\d[A-Z]{2}|[A-Z]\d[A-Z]\s?\d[A-Z]\d|\d{3}-\d{4}|"
-            r"\d{3}\s?\d{2}|\d{6})")
-_END = r"(?=[\s,.;!?)]|$)"
-CITY = rf"[A-Z][\w'’.\-]*(?:\s+(?!{POSTCODE}{_END})[A-Z][\w'’.\-]*){{0,2}}"
-# A city after a comma, a postcode after a comma or a space: never the capitalised first word of a new sentence.
-TAIL_SEGMENT = re.compile(rf"(?:,\s*(?:{POSTCODE}(?:\s+{CITY})?|{CITY}(?:,?\s+{POSTCODE})?)|\s+{POSTCODE}(?:\s+{CITY})?){_END}")
-ADDRESS_CUE = re.compile(
-    r"\b(?:my\s+(?:new\s+|home\s+|old\s+|current\s+|billing\s+|shipping\s+|delivery\s+|postal\s+|mailing\s+)?"
-    r"address\s*(?:is|:)|(?:home|billing|shipping|delivery|postal|mailing|street|new)\s+address\s*(?:is|:)|"
-    r"address\s*:|i\s+live\s+(?:at|on|in)|i'm\s+at|i\s+moved\s+to|we\s+moved\s+to|ship(?:ping)?\s+(?:it\s+)?to|"
-    r"deliver(?:y|ed)?\s+(?:it\s+)?to|send\s+(?:it|them|the\s+\w+)\s+to|mail\s+(?:it\s+)?to|located\s+at|"
-    r"j'habite\s+(?:au|à)|ich\s+wohne\s+in|vivo\s+en|mi\s+dirección\s+es|meine\s+adresse\s+ist|mon\s+adresse\s+est)"
-    r"\s*",
-    re.IGNORECASE,
-)
-CLAUSE_END = re.compile(r"(?<!\b[A-Z][a-z])(?<!\bSt)(?<!\bAve)(?<!\bRd)(?<!\bApt)[.!?](?:\s|$)|\n| but | and I | so ")
-
-
-def _extend(text: str, end: int, segments: int = 3) -> int:
-    if text[end - 1] == "." and not text.startswith(",", end):
-        return end - 1  # "12 Oak St. Please call": the period ends the sentence too; keep it
-    for _ in range(segments):
-        m = TAIL_SEGMENT.match(text, end)
-        if m is None:
-            break
-        end = m.end()
-    while end > 0 and text[end - 1] in ".,; ":
-        end -= 1
-    return end
-
-
-def find_address(text: str) -> Iterator[Span]:
-    if not DIGIT.search(text):  # house numbers, postcodes, PO boxes: every form has a digit
-        return
-    found: list[Span] = []
-    patterns = (NUMBER_FIRST, ROMANCE_STREET, GERMANIC_STREET, PO_BOX) if GERMANIC_HINT.search(text) else (
-        NUMBER_FIRST, ROMANCE_STREET, PO_BOX)
-    for pattern in patterns:
-        for m in pattern.finditer(text):
-            found.append((m.start(), _extend(text, m.end())))
-    yield from found
-    low = text.lower()
-    if not any(w in low for w in ADDRESS_WORDS):
-        return
-    for m in ADDRESS_CUE.finditer(text):
-        start = m.end()
-        if any(s <= start + 2 and start - 2 <= e for s, e in found) or any(start <= s < start + 40 for s, _ in found):
-            continue
-        stop = CLAUSE_END.search(text, start)
-        end = min(stop.start() if stop else len(text), start + 120)
-        chunk = text[start:end].rstrip(TRAILING + " ")
-        # An address has a number (house or postcode) and a capitalised place; "ship it to my office" has neither.
-        if re.search(r"\d", chunk) and re.search(r"[A-Z]", chunk) and len(chunk) >= 6:
-            yield start, start + len(chunk)
 
 
 # --------------------------------------------------------------------------- dates of birth

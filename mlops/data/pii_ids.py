@@ -6,6 +6,7 @@ high-entropy value). Each finder maps a text to the (start, end) spans it claims
 
 from __future__ import annotations
 
+import base64
 import functools
 import math
 import re
@@ -103,14 +104,17 @@ DETECT_SECRETS_PLUGINS = ("aws.AWSKeyDetector", "azure_storage_key.AzureStorageK
                           "openai.OpenAIDetector", "pypi_token.PypiTokenDetector", "sendgrid.SendGridDetector",
                           "slack.SlackDetector", "square_oauth.SquareOAuthDetector", "stripe.StripeDetector",
                           "telegram_token.TelegramBotTokenDetector", "twilio.TwilioKeyDetector")
+# "aws_secret_access_key", "GITHUB_TOKEN": a setting's name holds the cue after an underscore, where \b is not.
 SECRET_CUE_VALUE = re.compile(
-    r"\b(?:api[\s_-]?key|apikey|api[\s_-]?token|access[\s_-]?key(?:[\s_-]?id)?|secret[\s_-]?(?:access[\s_-]?)?key|"
+    r"(?<![A-Za-z0-9])(?:api[\s_-]?key|apikey|api[\s_-]?token|access[\s_-]?key(?:[\s_-]?id)?|secret[\s_-]?(?:access[\s_-]?)?key|"
     r"client[\s_-]?secret|auth[\s_-]?token|access[\s_-]?token|refresh[\s_-]?token|bearer[\s_-]?token|"
     r"token|secret|private[\s_-]?key|session[\s_-]?id|x-api-key|authorization)"
-    r"(?:\s+(?:is|was))?\s*[:=]?\s*(?:bearer\s+|basic\s+|token\s+)?[\"'`]?(?P<value>[A-Za-z0-9_\-./+=:~]{16,})",
+    r"(?:\s+(?:is|was))?\s*[:=]?\s*(?P<scheme>(?:bearer|basic|token)\s+)?[\"'`]?(?P<value>[A-Za-z0-9_\-./+=:~]{16,})",
     re.IGNORECASE,
 )
-BEARER_RE = re.compile(r"\b(?:bearer|basic|token)\s+(?P<value>[A-Za-z0-9_\-./+=~]{12,})", re.IGNORECASE)
+# The scheme word is part of the credential ("Authorization: Bearer [API_KEY]" is a partial mask), and "token"
+# goes with its value too: "I pasted [API_KEY]" reads as well as "I pasted token [API_KEY]".
+BEARER_RE = re.compile(r"\b(?P<scheme>bearer|basic|token)\s+(?P<value>[A-Za-z0-9_\-./+=~]{12,})", re.IGNORECASE)
 URL_CREDENTIALS = re.compile(r"://[^\s:/@]+:(?P<value>[^\s:/@]+)@")
 
 
@@ -140,6 +144,15 @@ def secret_like(value: str) -> bool:
     return len(value) >= 12 and has_digit and has_alpha and entropy(value) >= 3.0 and "://" not in value
 
 
+def basic_credentials(value: str) -> bool:
+    """HTTP Basic credentials are base64 of "user:password": often no digit and little entropy, but they decode."""
+    try:
+        raw = base64.b64decode(value + "=" * (-len(value) % 4), validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return ":" in raw and raw.isprintable()
+
+
 def find_api_key(text: str) -> Iterator[Span]:
     if not LONG_TOKEN.search(text):  # keys and tokens are long runs; prose rarely is
         return
@@ -147,9 +160,14 @@ def find_api_key(text: str) -> Iterator[Span]:
         if m.end() - m.start() >= 12:
             yield m.span()
     for pattern in (SECRET_CUE_VALUE, BEARER_RE):
-        for m in pattern.finditer(text):
+        pos = 0
+        while (m := pattern.search(text, pos)) is not None:
             value = m.group("value").rstrip(".,;:)\"'`")
-            if secret_like(value):
-                yield m.start("value"), m.start("value") + len(value)
+            scheme = (m.group("scheme") or "").strip().lower()
+            if secret_like(value) or (scheme == "basic" and basic_credentials(value)):
+                yield m.start("scheme") if scheme else m.start("value"), m.start("value") + len(value)
+                pos = m.end()
+            else:  # "token: my_api_key=..." : a refused value may hold the next cue
+                pos = m.start() + 1
     if "://" in text:
         yield from (m.span("value") for m in URL_CREDENTIALS.finditer(text))

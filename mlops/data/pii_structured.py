@@ -1,5 +1,6 @@
-"""Finders for structured PII: emails, phone numbers, payment cards, IBANs and IP addresses (national ids and
-API keys are in mlops.data.pii_ids). Each finder maps a text to the (start, end) spans it claims.
+"""Finders for structured PII: phone numbers, payment cards, IBANs and IP addresses (emails are in
+mlops.data.pii_email, national ids and API keys in mlops.data.pii_ids). Each finder maps a text to the
+(start, end) spans it claims.
 
 A regex only proposes candidates; a library or a checksum decides. Phone numbers are parsed with Google's
 libphonenumber (`phonenumbers`) for the international prefix or for a set of home regions; IBANs and
@@ -52,9 +53,11 @@ def labelled_reference(text: str, start: int, cue: re.Pattern[str] | None = None
     return cue is None or cue.search(window[: label.start()]) is None
 
 
-def _code_char(c: str) -> bool:
-    # CJK text runs words together without spaces ("携帯は080-1234-5678です"): those letters do not glue.
-    return c.isalnum() and not ("\u3040" <= c <= "\u9fff" or "\uac00" <= c <= "\ud7af" or "\uff00" <= c <= "\uffef")
+def code_char(c: str) -> bool:
+    """A character that joins its neighbours into one token. CJK and Thai text run words together without
+    spaces ("携帯は080-1234-5678です"): their letters do not glue."""
+    return c.isalnum() and not ("\u3040" <= c <= "\u9fff" or "\uac00" <= c <= "\ud7af" or "\uff00" <= c <= "\uffef"
+                                or "\u0e00" <= c <= "\u0eff")
 
 
 def glued(text: str, start: int, end: int) -> bool:
@@ -63,30 +66,9 @@ def glued(text: str, start: int, end: int) -> bool:
     prev2 = text[start - 2] if start > 1 else " "
     nxt = text[end] if end < len(text) else " "
     nxt2 = text[end + 1] if end + 1 < len(text) else " "
-    if _code_char(prev) or prev in "#_@&" or _code_char(nxt) or nxt in "_@":
+    if code_char(prev) or prev in "#_@&" or code_char(nxt) or nxt in "_@":
         return True
-    return (prev in "-/.\\" and _code_char(prev2)) or (nxt in "-/." and _code_char(nxt2))
-
-
-# --------------------------------------------------------------------------- email
-
-_LOCAL = r"[\w!#$%&'*+/=?^`{|}~-]+(?:\.[\w!#$%&'*+/=?^`{|}~-]+)*"
-_LABEL = r"[^\W_](?:[\w-]{0,61}[^\W_])?"
-_TLD = r"(?:[^\W\d_]{2,63}|xn--[a-z0-9-]{2,59})"
-EMAIL_RE = re.compile(rf"(?<![\w.+-]){_LOCAL}@(?:{_LABEL}\.)+{_TLD}(?![\w-])")
-# "jane [at] example [dot] com": people hide addresses from scrapers, not from a training set.
-OBFUSCATED_EMAIL_RE = re.compile(
-    rf"(?<![\w.]){_LOCAL}(?:\s*[\[(<{{]\s*dot\s*[\])>}}]\s*{_LOCAL})*\s*[\[(<{{]\s*at\s*[\])>}}]\s*{_LABEL}"
-    rf"(?:\s*(?:[\[(<{{]\s*dot\s*[\])>}}]|\.)\s*{_LABEL})+",
-    re.IGNORECASE,
-)
-
-
-def find_email(text: str) -> Iterator[Span]:
-    if "@" in text:
-        yield from (m.span() for m in EMAIL_RE.finditer(text))
-    if "at" in text.lower():
-        yield from (m.span() for m in OBFUSCATED_EMAIL_RE.finditer(text))
+    return (prev in "-/.\\" and code_char(prev2)) or (nxt in "-/." and code_char(nxt2))
 
 
 # --------------------------------------------------------------------------- phone numbers
@@ -103,6 +85,8 @@ PHONE_CUE = re.compile(
 HOME_REGIONS = ("US", "GB", "DE", "FR", "CN", "IN", "AU", "JP", "CA", "ES", "IT", "NL", "BR", "MX", "IE", "CH",
                 "AT", "BE", "SE", "PL", "SG", "NZ", "ZA", "KR")
 DATE_LIKE = re.compile(r"\d{4}[-/.]\d{1,2}[-/.]\d{1,2}|\d{1,2}[-/.]\d{1,2}[-/.](?:\d{4}|\d{2})")
+ZIP_PLUS4 = re.compile(r"\d{5}-\d{4}")
+US_STATE_BEFORE = re.compile(r"\b[A-Z]{2},?[ \u00a0]+\Z")
 EXTENSION = re.compile(r"[ \u00a0]?(?:x|ext\.?|extension)[ \u00a0]?\d{1,5}$", re.IGNORECASE)
 # Group shapes that are phone formats somewhere (national form, country code dropped).
 PHONE_SHAPES = {(3, 3, 4), (1, 3, 3, 4), (2, 2, 2, 2, 2), (3, 4, 4), (5, 5), (4, 3, 3), (2, 4, 4), (4, 4),
@@ -148,6 +132,8 @@ def phone_ok(text: str, start: int, end: int) -> bool:
     window = before(text, start, 40)
     cue = PHONE_CUE.search(window) is not None
     if labelled_reference(text, start, PHONE_CUE) or VERSION_CUE.search(window):
+        return False
+    if ZIP_PLUS4.fullmatch(core) and (not cue or US_STATE_BEFORE.search(window)):  # "Columbus, OH 43215-1234"
         return False
     if DATE_LIKE.fullmatch(core) or (not international and not cue and thousands(groups, seps)):
         return False

@@ -117,7 +117,43 @@ class ChatTokenizer:
         return ids, mask
 
 
-def init_worker(model_path: str) -> None:
+WEIGHTS = {".safetensors", ".bin", ".pt", ".pth", ".gguf", ".onnx", ".h5", ".msgpack", ".ckpt"}
+PORTABLE_MAX_BYTES = 64 * 2**20
+
+
+def portable(model_path: str | Path) -> dict:
+    """A model folder's tokenizer files (everything but weights) as bytes, for workers on machines that lack the
+    folder (data.executor=ray): `init_worker` accepts this in place of a path."""
+    folder = Path(model_path)
+    files = {p.name: p.read_bytes() for p in sorted(folder.iterdir())
+             if p.is_file() and p.suffix not in WEIGHTS and p.stat().st_size <= PORTABLE_MAX_BYTES}
+    digest = hashlib.sha256()
+    for name, blob in files.items():
+        digest.update(name.encode() + b"\0" + hashlib.sha256(blob).digest())
+    return {"path": str(folder), "files": files, "hash": digest.hexdigest()[:16]}
+
+
+def _materialise(source: dict) -> str:
+    """The portable files in a folder of this machine's temp dir (the same bytes on every node)."""
+    import tempfile
+
+    folder = Path(tempfile.gettempdir()) / f"mlops-tokenizer-{source['hash']}"
+    if not folder.is_dir():
+        partial = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+        for name, blob in source["files"].items():
+            (partial / name).write_bytes(blob)
+        try:
+            partial.rename(folder)
+        except OSError:  # another worker on this node got there first: same bytes
+            import shutil
+
+            shutil.rmtree(partial, ignore_errors=True)
+    return str(folder)
+
+
+def init_worker(model_path: str | dict) -> None:
+    if isinstance(model_path, dict):
+        model_path = _materialise(model_path)
     if _STATE.get("path") != model_path:
         _STATE.update(path=model_path, tok=ChatTokenizer(model_path))
 

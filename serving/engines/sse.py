@@ -13,9 +13,26 @@ from serving.engine import Delta, Generated, GenerationHandle
 def stream_generation(client, path: str, body: dict, handle: GenerationHandle, on_text: Callable | None,
                       parse: Callable[[dict], tuple[Delta | None, str | None]], *, keep_tops: bool,
                       on_progress: Callable[[], None]) -> Generated:
-    """POST `body` to `path`; `parse(event)` gives each event's delta and, on the last, the finish reason."""
+    """POST `body` to `path`; `parse(event)` gives each event's delta and, on the last, the finish reason.
+
+    A kept-alive connection that the engine server closed just as the request went out ends with no response at
+    all (httpx.RemoteProtocolError before any header): nothing was generated, so it is sent once more on a fresh
+    connection instead of failing the user's request."""
+    import httpx
+
+    answered: list[bool] = []
+    try:
+        return _stream_once(client, path, body, handle, on_text, parse, keep_tops, on_progress, answered)
+    except httpx.RemoteProtocolError:
+        if answered:
+            raise
+        return _stream_once(client, path, body, handle, on_text, parse, keep_tops, on_progress, answered)
+
+
+def _stream_once(client, path, body, handle, on_text, parse, keep_tops, on_progress, answered) -> Generated:
     text, tokens, lps, tops, finish = [], [], [], [], "length"
     with client.stream("POST", path, json=body) as response:
+        answered.append(True)
         if response.status_code != 200:
             raise RuntimeError(f"{client.base_url} answered {response.status_code}: {response.read().decode()[:300]}")
         for line in response.iter_lines():

@@ -145,9 +145,10 @@ def log_results(tracker, study, plan) -> dict[str, Any] | None:
     return best
 
 
-def register_best(study, *, name: str, alias: str | None = "candidate") -> dict[str, Any]:
-    """Register the best trial's logged model as a new model version (lineage tags copied from its run)."""
-    from registry.versions import register_model_version
+def register_best(study, actor, *, name: str) -> dict[str, Any]:
+    """Register the best trial's model through the registry's one door: `actor` (an authenticated identity with
+    the register role), lineage checked, ledgered, stage candidate, no alias moved."""
+    from registry.release import register
 
     best = best_summary(study)
     if not best["mlflow_run_id"] or not best["model_uri"]:
@@ -157,9 +158,8 @@ def register_best(study, *, name: str, alias: str | None = "candidate") -> dict[
         )
     artifact = best["model_uri"].split("/", 3)[-1] if best["model_uri"].startswith("runs:/") else "model"
     tags = {Tag.SWEEP_STUDY: study.study_name, Tag.SWEEP_TRIAL: best["number"]}
-    version = register_model_version(best["mlflow_run_id"], name, artifact_path=artifact, alias=alias or None,
-                                     tags=tags)
-    return {**best, "registered_model": name, "version": version, "alias": alias or None}
+    version = register(actor, best["mlflow_run_id"], name, artifact_path=artifact, tags=tags)
+    return {**best, "registered_model": name, "version": version, "stage": "candidate"}
 
 
 def dump(obj: Any) -> str:

@@ -91,6 +91,13 @@ def _smoke(plan: SweepPlan, trainer, start_tracker, parent_run_id: str, experime
     return {"base_hash": plan.base_hash, "run_id": tracker.run_id, "metrics": sorted(metrics)}
 
 
+def registering_identity():
+    """Registering the best trial is a governed act: the registry's identity (MLOPS_USER / MLOPS_PASSWORD)."""
+    from mlops.identities import from_env
+
+    return from_env("register")
+
+
 def run_sweep(config: Path | str | None, overrides: list[str] = (), *, study: str | None = None,
               n_trials: int | None = None, storage: str | None = None, register: bool | None = None,
               trainer=None, start_tracker=None, log: Callable[[str], None] = print) -> rn.SweepSummary:
@@ -102,6 +109,8 @@ def run_sweep(config: Path | str | None, overrides: list[str] = (), *, study: st
         from mlops.tracking import check_tracking_uri, tracking_uri
 
         check_tracking_uri(tracking_uri())
+    registering = plan.sweep.register_best if register is None else register
+    registrar = registering_identity() if registering else None  # refused before any trial runs, not after all of them
     _pin_snapshot(plan)
     store = rn.open_study_storage(url, plan)
     previous = _check_resume(store, plan) or {}
@@ -126,8 +135,8 @@ def run_sweep(config: Path | str | None, overrides: list[str] = (), *, study: st
 
         done = rn.load_study(store, plan.study)
         summary.best = results.log_results(parent, done, plan)
-        if plan.sweep.register_best if register is None else register:
-            reg = results.register_best(done, name=plan.sweep.register_name or plan.study)
+        if registering:
+            reg = results.register_best(done, registrar, name=plan.sweep.register_name or plan.study)
             summary.registered = f"models:/{reg['registered_model']}/{reg['version']}"
             parent.set_tags({Tag.MODEL_REF: summary.registered})
     except BaseException as err:

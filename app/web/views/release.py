@@ -27,10 +27,11 @@ if not versions:
 loaded = {alias: state.aliases.get(alias) for alias in ("production", "staging")}
 st.markdown(" · ".join(f"**@{a}**: {f'v{v}' if v else 'nobody'}" for a, v in loaded.items())
             + f" (ledger entry #{state.last_seq})")
-mlflow_now = {a: v for a, v in data.registered_models(store).get(model, {}).get("aliases", {}).items() if a in loaded}
-if mlflow_now != {a: v for a, v in loaded.items() if v}:
-    st.warning(f"MLflow's aliases {mlflow_now or 'none'} differ from the ledger: someone moved them outside the "
-               "registry. Every move is refused until an admin runs `mlops registry reconcile`.")
+mlflow_now = data.registered_models(store).get(model, {}).get("aliases", {})
+if data.alias_drift(state, mlflow_now):
+    st.warning(f"MLflow's aliases {ui.md(mlflow_now) or 'none'} differ from the ledger: someone moved them "
+               "outside the registry. Serving follows the ledger; every move is refused until an admin runs "
+               "`mlops registry reconcile`.")
 
 
 def content(version: str | None) -> str:
