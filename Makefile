@@ -40,11 +40,16 @@ demo: install
 app: install
 	$(BIN)/mlops app $(ARGS)
 
+# Tests run in TEST_WORKERS processes (pytest-xdist), whole files each, the longest files first
+# (tests/conftest.py); TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
+PYTEST_XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+
 test: install
-	$(BIN)/python -m pytest $(PYTEST_SELECT) -q
+	$(BIN)/python -m pytest $(PYTEST_SELECT) $(PYTEST_XDIST) -q
 
 test-all: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest $(PYTEST_XDIST) -q
 
 lint: install
 	$(BIN)/ruff check .

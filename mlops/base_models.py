@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlops.errors import MLOpsError, NotFoundError, did_you_mean
+from mlops.files import exclusive_lock
 from mlops.paths import models_dir
 from mlops.plugins import Registry
 
@@ -138,7 +139,16 @@ def import_base_model(name: str, root: Path | None = None) -> dict:
     entry = catalog(root).get(name)
     if entry and Path(entry["path"]).is_dir():
         return entry
-    root.mkdir(parents=True, exist_ok=True)
+    # Imports one at a time (two jobs, two test workers): a model is built once, and the catalog's
+    # read-modify-write never loses another import's entry.
+    with exclusive_lock(root / ".import.lock"):
+        entry = catalog(root).get(name)
+        if entry and Path(entry["path"]).is_dir():
+            return entry
+        return _import(name, spec, root)
+
+
+def _import(name: str, spec, root: Path) -> dict:
     staging = root / f".staging-{name}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     started = time.time()

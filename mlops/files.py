@@ -1,4 +1,4 @@
-"""File helpers every stage shares: content hashes, atomic and durable writes, a free local port.
+"""File helpers every stage shares: content hashes, atomic and durable writes, an exclusive lock, a free local port.
 
 Atomic means a reader sees the old file or the new one, never half of one (temp file + `os.replace`).
 Durable (`fsync=True`) also survives a power cut: the data is on disk before the rename, and the folder entry
@@ -7,12 +7,13 @@ after it, which is what a checkpoint or a manifest that marks completion needs.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import socket
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,22 @@ def atomic_write_text(path: Path | str, text: str, *, fsync: bool = False) -> Pa
 
 def atomic_write_json(path: Path | str, obj: Any, *, fsync: bool = False) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n", fsync=fsync)
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path | str) -> Iterator[None]:
+    """Hold an advisory lock on `path` (created when missing) until the block ends. The kernel drops it when
+    its holder dies, so a crashed holder never blocks the next one."""
+    import fcntl
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -13,7 +13,6 @@ before it or disagrees with it.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import json
@@ -22,6 +21,7 @@ import secrets
 from pathlib import Path
 
 from mlops.errors import MLOpsError
+from mlops.files import exclusive_lock
 
 KEY_DIR_ENV = "MLOPS_LEDGER_KEY_DIR"
 
@@ -106,22 +106,10 @@ def advance_anchor(registry_id: str, seq: int, digest: str) -> None:
     path = anchor_path(registry_id)
     if not path.parent.is_dir():
         return  # no key folder here: load_key already refused, or a reader without one
-    with _anchor_lock(path):
+    with exclusive_lock(path.with_name(path.name + ".lock")):
         seen = read_anchor(registry_id)
         if seen is not None and seen[0] >= seq:
             return
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"seq": seq, "hash": digest}), encoding="utf-8")
         os.replace(tmp, path)
-
-
-@contextlib.contextmanager
-def _anchor_lock(path: Path):
-    import fcntl
-
-    with open(path.with_name(path.name + ".lock"), "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlops.errors import MLOpsError
+from mlops.files import exclusive_lock
 
 log = logging.getLogger(__name__)
 
@@ -42,27 +43,9 @@ class Plan:
     version_tags: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
-def _sqlite_lock_path(url: str) -> Path | None:
-    if not url.startswith("sqlite"):
-        return None
+def _sqlite_lock_path(url: str) -> Path:
     path = Path(url.split("///", 1)[-1])
     return path.with_name(path.name + ".registry.lock")
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path | None):
-    if path is None:
-        yield
-        return
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def registry_aliases(model: str) -> dict[str, str]:
@@ -113,7 +96,7 @@ PG_LOCK_KEY = 0x6D6C6F7073  # "mlops": one advisory lock serializes registry act
 def _act_lock(eng, db: str):
     """Acts one at a time, from the ledger commit through the display writes, so copies land in ledger order."""
     if eng.dialect.name == "sqlite":
-        with _file_lock(_sqlite_lock_path(db)):
+        with exclusive_lock(_sqlite_lock_path(db)):
             yield
         return
     from registry.ledger import db_errors, lock_engine

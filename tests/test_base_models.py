@@ -55,7 +55,31 @@ def test_failed_import_leaves_no_catalog_entry_or_folder(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError):
         import_base_model("tiny", root=root)
     assert catalog(root) == {} and not (root / "tiny").exists()
-    assert [p.name for p in root.iterdir()] == []
+    assert [p.name for p in root.iterdir()] == [".import.lock"]  # the lock file only: nothing half-built
+
+
+def test_two_imports_at_once_build_the_model_once_and_both_get_its_entry(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    builds = []
+
+    def slow_build(dest):
+        builds.append(dest)
+        time.sleep(0.5)  # long enough for the second import to arrive while the first one builds
+        dest.mkdir()
+        (dest / "config.json").write_text("{}")
+
+    monkeypatch.setitem(BASE_MODELS._items, "tiny", BaseModelSpec("tiny", "x", slow_build))
+    root = tmp_path / "models"
+    entries = []
+    threads = [threading.Thread(target=lambda: entries.append(import_base_model("tiny", root=root))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(builds) == 1 and len(entries) == 2 and entries[0] == entries[1]
+    assert catalog(root)["tiny"] == entries[0]
 
 
 def test_missing_weights_package_gives_exact_install_line(monkeypatch):

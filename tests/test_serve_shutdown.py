@@ -54,10 +54,11 @@ def _stream(url: str, max_tokens: int, out: dict, first: threading.Event) -> Non
     out["events"] = events
 
 
-def _llama_servers() -> set[int]:
+def _llama_servers_of(proc) -> list:
+    """The llama-server processes a gateway started (by process tree: other tests' servers are not its own)."""
     import psutil
 
-    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "llama-server"}
+    return [c for c in psutil.Process(proc.pid).children(recursive=True) if c.name() == "llama-server"]
 
 
 @pytest.mark.slow
@@ -65,7 +66,6 @@ def _llama_servers() -> set[int]:
 def test_sigterm_drains_running_requests_exits_zero_and_the_drain_timeout_cuts_the_rest(tiny_model, mlops_home,
                                                                                        tmp_path, engine, request):
     gguf_dir = request.getfixturevalue("tiny_gguf").parent.parent if engine == "llamacpp" else None
-    before = _llama_servers()
     proc, url, log = _start(tiny_model["path"], tmp_path / "clean.log", drain=60, engine=engine, gguf_dir=gguf_dir)
     out, first = {}, threading.Event()
     client = threading.Thread(target=_stream, args=(url, 400, out, first))
@@ -85,6 +85,8 @@ def test_sigterm_drains_running_requests_exits_zero_and_the_drain_timeout_cuts_t
     client = threading.Thread(target=_stream, args=(url, 2000, out, first))
     client.start()
     assert first.wait(60)
+    engine_servers = _llama_servers_of(proc)
+    assert len(engine_servers) == (1 if engine == "llamacpp" else 0)
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 1  # requests were cut: not a clean drain
@@ -93,4 +95,4 @@ def test_sigterm_drains_running_requests_exits_zero_and_the_drain_timeout_cuts_t
     assert time.monotonic() - started < 30
     assert "[DONE]" not in out["events"]
     assert "cut 1 request" in (tmp_path / "cut.log").read_text()
-    assert _llama_servers() <= before  # the engine's own llama-server went with the process
+    assert not any(server.is_running() for server in engine_servers)  # it went with the process

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from mlops.errors import ConfigError, MLOpsError
+from mlops.files import exclusive_lock
 from mlops.profile import QUANTIZATIONS
 from serving.engines.llamacpp.install import LlamaCppInstall, find_install
 
@@ -46,7 +47,10 @@ def gguf_for(model_path: Path, quantization: str, *, out_dir: Path | None = None
     target = cached_path(model_path, quantization, install.version, out_dir)
     if target.is_file():
         return target
-    convert(model_path, target, quantization, install)
+    # One converter per model folder: two servers or jobs starting at once share the f16 step and its output.
+    with exclusive_lock(target.parent.with_name(target.parent.name + ".lock")):
+        if not target.is_file():
+            convert(model_path, target, quantization, install)
     return target
 
 
