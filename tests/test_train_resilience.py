@@ -112,8 +112,10 @@ def test_worker_dies_within_seconds_when_its_launcher_is_killed(tmp_path):
     from training.stopping import pid_alive
 
     pid_file = tmp_path / "worker.pid"
+    # Written whole, then renamed: the test polls for the file and must never read it empty.
     worker = ("import os, time, pathlib; from training.stopping import Watchdog; Watchdog(interval=0.2).start(); "
-              f"pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(60)")
+              f"pathlib.Path({str(pid_file)!r} + '.tmp').write_text(str(os.getpid())); "
+              f"os.replace({str(pid_file)!r} + '.tmp', {str(pid_file)!r}); time.sleep(60)")
     launcher = ("import os, subprocess, sys, time; from training.stopping import launcher_env; "
                 f"subprocess.Popen([sys.executable, '-c', {worker!r}], env={{**os.environ, **launcher_env()}}, "
                 "start_new_session=True); time.sleep(60)")
