@@ -148,7 +148,7 @@ def import_base_model(name: str, root: Path | None = None) -> dict:
         return _import(name, spec, root)
 
 
-def _import(name: str, spec, root: Path) -> dict:
+def _import(name: str, spec: BaseModelSpec, root: Path) -> dict:
     staging = root / f".staging-{name}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     started = time.time()
