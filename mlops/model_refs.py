@@ -289,7 +289,8 @@ def _run_artifact_in_place(uri: str) -> Path | None:
     name, _, rest = path.partition("/")
     model_id = _logged_model_of_run(tracking_uri(), match["run"], name)
     if model_id is None:
-        raise FileNotFoundError(f"run {match['run']} has no artifact or logged model '{path}'")
+        raise FileNotFoundError(f"run {match['run']} has no artifact or logged model '{path}'. Fix: check the "
+                                f"run id and the path (`mlflow artifacts list --run-id {match['run']}` lists them).")
     return _logged_model_in_place(f"models:/{model_id}/{rest}".rstrip("/"))
 
 

@@ -148,6 +148,30 @@ def release_version(who: dict, model: str, version: str, *, champion: tuple[str,
     flush_display()  # as the CLI and the app do: MLflow's copies have landed when a release is done
 
 
+def two_versions(hf_dir: Path, *, tmp: Path) -> tuple[dict, list[str], list[str]]:
+    """The identities, and model `bot` with two versions registered by tina: (identities, run ids, versions)."""
+    from mlops.tracking import init_experiment
+    from registry.release import register
+
+    init_experiment("registry-test")
+    who = make_identities()
+    runs = [training_run(hf_dir, tmp=tmp, variant=variant) for variant in (1, 2)]
+    return who, runs, [register(who["tina"], run_id, "bot") for run_id in runs]
+
+
+def challenger_requested(hf_dir: Path, *, tmp: Path, comment: str) -> dict:
+    """v1 in production; v2 with gate evidence against it, requested for production by tina. Returns the
+    identities."""
+    from registry.audit import model_state
+    from registry.release import request
+
+    who, _, _ = two_versions(hf_dir, tmp=tmp)
+    release_version(who, "bot", "1")
+    gate_evidence("bot", "2", champion=("1", model_state("bot").versions["1"].content_id))
+    request(who["tina"], "bot", "2", "production", comment)
+    return who
+
+
 def run_cli(*args: str, env: dict | None = None) -> tuple[int, str, str]:
     """`mlops <args>` in this process, as a user's shell runs it: (exit code, stdout, stderr)."""
     import contextlib

@@ -59,19 +59,9 @@ LIMITS = Limits(share=0.1, seconds=60, max_error_rate=0.05, max_p95_ratio=1.5, m
 @pytest.fixture
 def reg(mlops_home, tiny_model, tmp_path):
     """v1 in production; v2 a candidate with gate evidence, requested by tina and approved by alice."""
-    from mlops.tracking import init_experiment
-    from registry.audit import model_state
-    from registry.release import register, request
-    from registry.testing import gate_evidence, make_identities, release_version, training_run
+    from registry.testing import challenger_requested
 
-    init_experiment("registry-test")
-    who = make_identities()
-    for variant in (1, 2):
-        register(who["tina"], training_run(Path(tiny_model["path"]), tmp=tmp_path, variant=variant), "bot")
-    release_version(who, "bot", "1")
-    gate_evidence("bot", "2", champion=("1", model_state("bot").versions["1"].content_id))
-    request(who["tina"], "bot", "2", "production", "canary it first")
-    return who
+    return challenger_requested(Path(tiny_model["path"]), tmp=tmp_path, comment="canary it first")
 
 
 def run_canary(who, script, limits=LIMITS):

@@ -17,18 +17,10 @@ from registry.testing import as_user, run_cli
 @pytest.fixture
 def ready(store, tiny_model, tmp_path):
     """v1 in production; v2 approved for production with passing gate evidence: `promote bot 2` is next."""
-    from mlops.tracking import init_experiment
-    from registry.audit import model_state
-    from registry.release import decide, register, request
-    from registry.testing import gate_evidence, make_identities, release_version, training_run
+    from registry.release import decide
+    from registry.testing import challenger_requested
 
-    init_experiment("registry-test")
-    who = make_identities()
-    for variant in (1, 2):
-        register(who["tina"], training_run(Path(tiny_model["path"]), tmp=tmp_path, variant=variant), "bot")
-    release_version(who, "bot", "1")
-    gate_evidence("bot", "2", champion=("1", model_state("bot").versions["1"].content_id))
-    request(who["tina"], "bot", "2", "production", "ready")
+    who = challenger_requested(Path(tiny_model["path"]), tmp=tmp_path, comment="ready")
     decide(who["alice"], "bot", "2", "fine", approve=True)
     return store
 

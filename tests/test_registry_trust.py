@@ -27,14 +27,9 @@ def any_reg(store, mlops_home, tiny_model, tmp_path):
 
 
 def _registry_with_two_versions(tiny_model, tmp_path, mlops_home) -> dict:
-    from mlops.tracking import init_experiment
-    from registry.release import register
-    from registry.testing import make_identities, training_run
+    from registry.testing import two_versions
 
-    init_experiment("registry-test")
-    who = make_identities()
-    runs = [training_run(Path(tiny_model["path"]), tmp=tmp_path, variant=i) for i in (1, 2)]
-    versions = [register(who["tina"], run_id, "bot") for run_id in runs]
+    who, runs, versions = two_versions(Path(tiny_model["path"]), tmp=tmp_path)
     return {"who": who, "runs": runs, "versions": versions, "tmp": tmp_path, "home": mlops_home}
 
 

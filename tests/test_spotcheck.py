@@ -37,14 +37,9 @@ def any_reg(store, mlops_home, tiny_model, tmp_path, monkeypatch):
 
 
 def _registry(tiny_model, tmp_path, monkeypatch) -> dict:
-    from mlops.tracking import init_experiment
-    from registry.release import register
-    from registry.testing import make_identities, release_version, training_run
+    from registry.testing import release_version, two_versions
 
-    init_experiment("registry-test")
-    who = make_identities()
-    runs = [training_run(Path(tiny_model["path"]), tmp=tmp_path, variant=i) for i in (1, 2)]
-    versions = [register(who["tina"], run_id, "bot") for run_id in runs]
+    who, _, versions = two_versions(Path(tiny_model["path"]), tmp=tmp_path)
     release_version(who, "bot", "1")  # the first champion, before the policy asked for spot-checks
     set_policy(who["admin"], policy_file(tmp_path))
     return {"who": who, "versions": versions, "tmp": tmp_path, "tiny": tiny_model, "monkeypatch": monkeypatch}

@@ -21,18 +21,10 @@ def policy(tmp: Path, **registry) -> Path:
 @pytest.fixture
 def reg(mlops_home, tiny_model, tmp_path, monkeypatch):
     """v1 in production; v2 approved for production with eval evidence; the policy requires 5 shadowed requests."""
-    from mlops.tracking import init_experiment
-    from registry.audit import model_state
-    from registry.release import decide, register, request
-    from registry.testing import gate_evidence, make_identities, release_version, training_run
+    from registry.release import decide
+    from registry.testing import challenger_requested
 
-    init_experiment("registry-test")
-    who = make_identities()
-    for variant in (1, 2):
-        register(who["tina"], training_run(Path(tiny_model["path"]), tmp=tmp_path, variant=variant), "bot")
-    release_version(who, "bot", "1")
-    gate_evidence("bot", "2", champion=("1", model_state("bot").versions["1"].content_id))
-    request(who["tina"], "bot", "2", "production", "shadowed for a day")
+    who = challenger_requested(Path(tiny_model["path"]), tmp=tmp_path, comment="shadowed for a day")
     decide(who["alice"], "bot", "2", "fine by me", approve=True)  # approval before the policy changed
     from registry.config import set_policy
 
