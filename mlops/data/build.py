@@ -89,8 +89,8 @@ class BuildResult:
     noop: bool
 
 
-def _init_workers(cfg_json: str, eval_index, model_path: str | dict) -> None:
-    clean.init_worker(cfg_json, eval_index)
+def _init_workers(cfg_json: str, eval_index, model_path: str | dict, blocklist=None) -> None:
+    clean.init_worker(cfg_json, eval_index, blocklist)
     tokenize.init_worker(model_path)
 
 
@@ -202,7 +202,7 @@ class Build:
             started = time.time()
             # Ray workers may run where the model folder is not: they get its tokenizer files instead of its path.
             model = tokenize.portable(inputs.model["path"]) if data.executor == "ray" else inputs.model["path"]
-            with open_executor(data, _init_workers, (cfg_json, eval_index, model)) as pool:
+            with open_executor(data, _init_workers, (cfg_json, eval_index, model, inputs.blocklist)) as pool:
                 cleaner, available, paths = self.clean(pool)
                 self.require_records(sum(available.values()), "after cleaning")
                 plan = plan_mix(available, data.mix.ratios)

@@ -47,7 +47,10 @@ def _reject(record: Record, stage: str, reason: str, limit: int, detail: dict | 
     return Cleaned(record, stage, reason, detail or {}, excerpt=cut)
 
 
-def init_worker(cfg_json: str, eval_index: EvalIndex) -> None:
+def init_worker(cfg_json: str, eval_index: EvalIndex, blocklist=None) -> None:
+    from mlops.data.blocklist import install
+
+    install(blocklist)
     cfg = DataConfig.model_validate_json(cfg_json)
     _STATE.update(cfg=cfg, index=eval_index, scrubber=Scrubber(cfg.pii.types if cfg.pii.enabled else []))
 

@@ -61,6 +61,12 @@ class PIIConfig(StrictModel):
         return _known("PII detector", value, _pii_registry)
 
 
+class BlocklistConfig(StrictModel):
+    path: str = Field(description="term or regex list file, one entry per line (relative paths are under the "
+                      "project home; format in mlops.data.blocklist)")
+    case_sensitive: bool = Field(False, description="compare case as written (default: case-insensitive)")
+
+
 class FilterConfig(StrictModel):
     steps: list[str] = Field(
         default_factory=lambda: [
@@ -103,6 +109,17 @@ class FilterConfig(StrictModel):
     min_language_confidence: float = Field(
         0.5, ge=0, le=1, description="language id confidence needed to reject a record as another language"
     )
+    # None stays out of the config hash, so configs without a blocklist keep their snapshot ids.
+    blocklist: BlocklistConfig | None = Field(
+        None, description="sensitive-term blocklist: a list file path (or {path, case_sensitive}); a record "
+        "holding a listed term or regex is rejected as filter.blocklist. Runs where `blocklist` is in steps, "
+        "else first"
+    )
+
+    @field_validator("blocklist", mode="before")
+    @classmethod
+    def _blocklist_path(cls, value):
+        return {"path": value} if isinstance(value, str) else value
 
     @field_validator("steps")
     @classmethod
@@ -260,6 +277,27 @@ class RayConfig(StrictModel):
                          "(the --port of `ray start --head`), ray://host:port, or leave it unset for a private Ray")
 
 
+class AcceptConfig(StrictModel):
+    """The acceptance step (mlops.data.acceptance). It judges a snapshot and never changes its content, so the
+    whole section is left out of the config hash: setting it keeps every snapshot id."""
+
+    max_rejected_share: float = Field(
+        0.05, ge=0, le=1, description="largest share of rows read that quality steps may reject (bad input, "
+        "errors, filters, per-record checks, refused batches; duplicates and eval overlaps are reported, not "
+        "judged)"
+    )
+    on_fail: Literal["fail", "flag"] = Field(
+        "fail", description="over the threshold the build fails and publishes nothing (fail), or publishes a "
+        "snapshot whose report says flagged (flag)"
+    )
+    max_seq_len: int | None = Field(
+        None, ge=16, description="sequence length whose truncated share the report gives (default data.seq_len)"
+    )
+    require_review: bool = Field(
+        False, description="training refuses this snapshot until `mlops data review` holds a completed review"
+    )
+
+
 class DataConfig(StrictModel):
     name: str = Field("snapshot", description="human-readable snapshot name")
     sources: list[SourceConfig] = Field(default_factory=list, description="input files")
@@ -287,6 +325,8 @@ class DataConfig(StrictModel):
     decontam: DecontamConfig = Field(default_factory=DecontamConfig)
     mix: MixConfig = Field(default_factory=MixConfig)
     gate: GateConfig = Field(default_factory=GateConfig)
+    accept: AcceptConfig = Field(default_factory=AcceptConfig, json_schema_extra={HASH_EXCLUDED: True},
+                                 description="acceptance report thresholds and review (never change the snapshot)")
     workers: int = volatile(2, ge=1, description="processes for the per-record work (local executor), or CPUs "
                             "of the private Ray (executor ray without data.ray.address); never changes results")
     executor: Literal["local", "ray"] = volatile(

@@ -267,9 +267,28 @@ def language(record: Record, cfg: FilterConfig) -> Verdict:
     return OK
 
 
+@FILTERS.register("blocklist")
+def blocklist(record: Record, cfg: FilterConfig) -> Verdict:
+    """A listed sensitive term or regex anywhere in the record (mlops.data.blocklist); off without a list."""
+    if cfg.blocklist is None:
+        return OK
+    from mlops.data.blocklist import active
+
+    listed = active(cfg.blocklist.path, cfg.blocklist.case_sensitive)
+    return (False, "blocklist") if listed.find(record.text) is not None else OK
+
+
+def steps_of(cfg: FilterConfig) -> list[str]:
+    """The configured steps; a set blocklist runs first when `blocklist` is not listed (what must never be
+    trained on is named as such, whatever else is wrong with the record)."""
+    if cfg.blocklist is not None and "blocklist" not in cfg.steps:
+        return ["blocklist", *cfg.steps]
+    return cfg.steps
+
+
 def run_filters(record: Record, cfg: FilterConfig) -> Verdict:
     """The first failing step decides; a record that passes every step is kept."""
-    for name in cfg.steps:
+    for name in steps_of(cfg):
         ok, reason = FILTERS.get(name)(record, cfg)
         if not ok:
             return False, reason

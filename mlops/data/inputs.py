@@ -40,6 +40,7 @@ class Inputs:
     pipeline_hash: str
     key: str = ""
     extra: dict = field(default_factory=dict)
+    blocklist: Any = None  # mlops.data.blocklist.Blocklist, compiled before any record is read
 
 
 def _resolve(home: Path, path: str) -> Path:
@@ -71,6 +72,16 @@ def describe_sources(data: DataConfig, home: Path) -> list[dict]:
     return out
 
 
+def load_blocklist(data: DataConfig, home: Path):
+    """The compiled blocklist (or None): a bad file fails here, before any record is processed."""
+    spec = data.filters.blocklist
+    if spec is None:
+        return None
+    from mlops.data.blocklist import load
+
+    return load(spec.path, _resolve(home, spec.path), spec.case_sensitive)
+
+
 def pipeline_hash(data: DataConfig, seed: int) -> str:
     blob = json.dumps({"data": canonical(data), "seed": seed, "pipeline_version": PIPELINE_VERSION},
                       sort_keys=True, separators=(",", ":"))
@@ -100,19 +111,22 @@ def prepare(cfg: Any) -> Inputs:
         if history[0] not in [sid for sid, _ in priors]:
             priors.append(history)  # what the history holds is already seen by the model
     inputs = Inputs(cfg, data, cfg.run.seed, home, root, model, tokenizer, sources, eval_files, unmatched,
-                    priors, history, pipeline_hash(data, cfg.run.seed))
+                    priors, history, pipeline_hash(data, cfg.run.seed), blocklist=load_blocklist(data, home))
     inputs.key = build_key(inputs)
     return inputs
 
 
 def build_key(inputs: Inputs) -> str:
-    blob = json.dumps({
+    key = {
         "pipeline": inputs.pipeline_hash,
         "tokenizer": inputs.tokenizer["hash"],
         "sources": [s["sha256"] for s in inputs.sources],
         "eval_sets": [[e["name"], e["sha256"]] for e in inputs.eval_files],
         "priors": [sid for sid, _ in inputs.priors],
-    }, sort_keys=True)
+    }
+    if inputs.blocklist is not None:  # the list's content, not only its path (absent: earlier keys still hold)
+        key["blocklist"] = inputs.blocklist.sha256
+    blob = json.dumps(key, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 

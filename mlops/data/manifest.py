@@ -80,7 +80,15 @@ def assemble_manifest(build: Any, cleaner: Any, plan: Any, writer: Any, eval_ind
                      "hits": len(cleaner.decontam_hits), "examples": cleaner.decontam_hits[:MAX_LISTED]},
         "issues": {"count": sum(v for k, v in counters.items() if k.startswith("bad_input.")),
                    "listed": build.issues[:MAX_LISTED], "file": "quarantine/bad_input.jsonl"},
+        **_blocklist(inputs.blocklist, counters),
     }
+
+
+def _blocklist(listed: Any, counters: Counter) -> dict:
+    if listed is None:
+        return {}
+    return {"blocklist": {"path": listed.path, "sha256": listed.sha256, "entries": listed.entries,
+                          "case_sensitive": listed.case_sensitive, "rejected": counters.get("filter.blocklist", 0)}}
 
 
 def flat_counters(manifest: dict) -> dict[str, float]:
