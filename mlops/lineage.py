@@ -40,6 +40,8 @@ class Tag(StrEnum):
     STAGE = "mlops.stage"
     WORLD_SIZE = "mlops.world_size"
     ZERO_STAGE = "mlops.zero_stage"
+    PRECISION = "mlops.precision"  # the precision a training ran in (train.precision resolved for its device)
+    PLAN_VERDICT = "mlops.plan_verdict"  # "fits", or why it ran although the plan said it does not fit
     RELEASE = "mlops.release"
     FAILURE_REASON = "mlops.failure_reason"
     PARENT_RUN = "mlops.parent_run_id"

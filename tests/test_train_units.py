@@ -141,7 +141,7 @@ def test_lora_flops_count_frozen_weights_at_four_and_trainable_at_six(tiny_model
     counts = count_params(build_model(tiny_model["path"], cfg, 0))
     assert 0 < counts.trainable < counts.total and counts.matmul_frozen > counts.matmul_trainable
     per_token = flops_per_token(counts, layers=2, hidden=64, seq_len=32)
-    assert per_token == 6 * counts.matmul_trainable + 4 * counts.matmul_frozen + 12 * 2 * 64 * 32
+    assert per_token == 6 * counts.matmul_trainable + 4 * counts.matmul_frozen + 12 * 2 * 64 * (32 + 1) / 2
 
 
 def test_nproc_from_mlflow_arrives_as_float_text():

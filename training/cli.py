@@ -13,14 +13,14 @@ from mlops.errors import ConfigError
 app = typer.Typer(help="DeepSpeed training on a data snapshot: run, kill drill, checkpoints.", no_args_is_help=True)
 
 
-def _nproc(value: str) -> int:
+def _nproc(value: str, name: str = "nproc") -> int:
     """MLflow passes float parameters as '2.0'."""
     try:
         number = float(value)
     except ValueError:
-        raise ConfigError(f"--nproc '{value}' is not a number. Fix: pass a whole number such as --nproc 2.") from None
+        raise ConfigError(f"--{name} '{value}' is not a number. Fix: pass a whole number such as --{name} 2.") from None
     if number != int(number) or number < 1:
-        raise ConfigError(f"--nproc {value} is not a whole number >= 1. Fix: pass e.g. --nproc 2.")
+        raise ConfigError(f"--{name} {value} is not a whole number >= 1. Fix: pass e.g. --{name} 2.")
     return int(number)
 
 
@@ -52,6 +52,45 @@ def run(
         typer.echo(f"model: {result['model_uri']} (HF folder {result['model_dir']})")
     if result.get("reason"):
         typer.echo(f"note: {result['reason']}")
+
+
+@app.command("plan")
+def plan(
+    config: Path | None = ConfigOpt,
+    gpu: str = typer.Option("cpu", help="hardware: a100-80gb, h100-80gb, h200 or cpu (this machine, measured)"),
+    gpus: str = typer.Option("1", help="devices (processes on cpu)"),
+    tokens: str = typer.Option("", help="tokens to train on (default: max_steps x global batch x mean sample)"),
+    mfu: str = typer.Option("", help="model FLOPs utilisation (default 0.4 on GPUs)"),
+    seq_len: str = typer.Option("", help="sequence length (default: train.max_seq_len, else the snapshot's)"),
+    deadline: str = typer.Option("", help="a duration (36h, 2d) or a UTC date-time the job must finish by"),
+    as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+    overrides: list[str] | None = OverridesArg,
+) -> None:
+    """FLOPs, peak memory per rank and wall time of a config on named hardware, and whether it fits and
+    finishes in time: no weights loaded, no run started. Exits 3 when the job does not fit or misses the deadline."""
+    from training import hardware
+    from training.planner import describe, parse_deadline, plan_job
+
+    cfg = load(config, overrides)
+    result = plan_job(cfg, hw=hardware.named(gpu), gpus=_nproc(gpus, "gpus"), tokens=_number(tokens, "tokens"),
+                      mfu=_number(mfu, "mfu"), seq_len=int(_number(seq_len, "seq-len") or 0) or None,
+                      deadline_s=parse_deadline(deadline))
+    typer.echo(json.dumps(result, indent=2) if as_json else describe(result))
+    if not result["fits"] or result.get("meets_deadline") is False:
+        raise typer.Exit(3)
+
+
+def _number(value: str, name: str) -> float | None:
+    """Options MLflow fills in: '' means unset, and numbers may come as '1e10' or '32.0'."""
+    if not value.strip():
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigError(f"--{name} '{value}' is not a number. Fix: pass e.g. --{name} 1e10.") from None
+    if not number > 0:
+        raise ConfigError(f"--{name} {value} must be above 0. Fix: pass a positive number.")
+    return number
 
 
 @app.command("worker", hidden=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from mlops.config import StrictModel, volatile
 from mlops.errors import ConfigError
@@ -95,7 +95,25 @@ class TrainConfig(Section):
     snapshot: str | None = Field(None, description="data snapshot id (or `latest`) to train on")
     mode: Literal["lora", "full"] = Field("lora", description="LoRA adapters or full fine-tuning")
     lora: LoraSection = Field(default_factory=LoraSection)
-    zero_stage: Literal[0, 1, 2] = Field(0, description="DeepSpeed ZeRO stage")
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        0, description="DeepSpeed ZeRO stage: 1 partitions the optimizer state, 2 the gradients too, 3 the weights too"
+    )
+    # Null means auto, and keeps the config hash of configs written before the field existed.
+    precision: Literal["fp32", "bf16", "fp16"] | None = Field(
+        None, description="DeepSpeed mixed precision (fp32 master weights and optimizer state); null: bf16 on a GPU "
+        "that supports it, fp32 on CPU. fp16 uses dynamic loss scaling and needs a GPU"
+    )
+    # Recomputation under the saved RNG state gives the same values: a memory lever, not a result-changing one.
+    activation_checkpointing: bool = volatile(
+        False, description="recompute each layer's activations in backward (HF gradient checkpointing, non-reentrant)"
+    )
+    offload: Literal["none", "optimizer", "optimizer_and_params"] = Field(
+        "none", description="ZeRO-Offload to host memory: the optimizer state (ZeRO >= 1), or it and the weights "
+        "(ZeRO-3 only)"
+    )
+    allow_unfit: bool = volatile(
+        False, description="run even when the plan says the job does not fit this machine (recorded on the run)"
+    )
     lr: float = Field(2e-4, gt=0, le=1.0, description="peak learning rate (AdamW moves each weight by about lr a step)")
     lr_schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="decay after warmup")
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="final lr as a fraction of the peak")
@@ -145,6 +163,21 @@ class TrainConfig(Section):
             raise ValueError("each beta must be in [0, 1) (at 1 or above AdamW's bias correction divides by zero "
                              "or flips sign); typical values are 0.9 and 0.999")
         return value
+
+    @model_validator(mode="after")
+    def _levers_compose(self) -> TrainConfig:
+        if self.offload == "optimizer_and_params" and self.zero_stage != 3:
+            raise ValueError(
+                f"train.offload=optimizer_and_params needs train.zero_stage=3 (weights are only partitioned, and so "
+                f"offloadable, at ZeRO-3), not {self.zero_stage}. Fix: set train.zero_stage=3, or "
+                "train.offload=optimizer."
+            )
+        if self.offload == "optimizer" and self.zero_stage == 0:
+            raise ValueError(
+                "train.offload=optimizer needs train.zero_stage >= 1 (ZeRO-Offload moves the partitioned optimizer "
+                "state), not 0. Fix: set train.zero_stage=2 (or 1 or 3), or train.offload=none."
+            )
+        return self
 
     def batch_layout(self, world_size: int) -> tuple[int, int, int]:
         """(micro_batch_size, grad_accum, global_batch) at a world size; ConfigError when they don't divide."""

@@ -50,23 +50,55 @@ def count_params(model) -> ParamCounts:
 
 
 def flops_per_token(counts: ParamCounts, *, layers: int, hidden: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6 per trainable and 4 per frozen matmul weight, plus attention scores."""
-    attention = 12 * layers * hidden * seq_len  # QK^T and AV, forward and backward
+    """Training FLOPs per token: 6 per trainable and 4 per frozen matmul weight, plus attention scores.
+
+    Attention: QK^T and AV cost 4 * hidden FLOPs per (query, key) pair forward, 12 with backward. Under the
+    causal mask a token of a `seq_len` sequence sees (seq_len + 1) / 2 keys on average, and causal kernels
+    (SDPA, flash) skip the masked half, so counting the full square would overstate the work by 2x."""
+    attention = 12 * layers * hidden * (seq_len + 1) / 2
     return 6 * counts.matmul_trainable + 4 * counts.matmul_frozen + attention
 
 
+PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+OFFLOADS = ("none", "optimizer", "optimizer_and_params")
+
+
 def memory_plan(counts: ParamCounts, *, zero_stage: int, world: int, micro: int, seq_len: int, layers: int,
-                hidden: int, heads: int, vocab: int, bytes_per: int = 4) -> dict[str, float]:
-    """Estimated peak bytes per process: weights, gradients, AdamW state, activations (fp32)."""
-    weights = counts.total * bytes_per
-    grads = counts.trainable * bytes_per / (world if zero_stage >= 2 else 1)
-    # AdamW keeps two moments; ZeRO >= 1 also keeps a flat fp32 copy of the trainable partition.
-    optim = counts.trainable * bytes_per * (2 if zero_stage == 0 else 3) / (world if zero_stage >= 1 else 1)
-    # Per layer (Korthikanti et al. 2022, doubled for fp32), plus logits, their softmax and gradient.
-    activations = (micro * seq_len * hidden * layers * (34 + 5 * heads * seq_len / hidden) * bytes_per / 2
-                   + 3 * micro * seq_len * vocab * bytes_per)
+                hidden: int, heads: int, vocab: int, precision: str = "fp32", offload: str = "none",
+                checkpointing: bool = False, score_matrices: bool = True, layer_params: int = 0) -> dict[str, float]:
+    """Estimated peak bytes per process on its device (weights, gradients, AdamW state, activations) and in
+    host memory (what ZeRO-Offload moves there).
+
+    Precision: fp32 keeps everything in 4 bytes. bf16/fp16 (DeepSpeed mixed precision) keep weights and
+    gradients in 2 bytes and an fp32 master copy plus both AdamW moments (12 bytes per trainable weight).
+    ZeRO-1 partitions the optimizer state over the ranks, ZeRO-2 the gradients too, ZeRO-3 the weights too
+    (a rank then holds its shard plus the gathered layers in flight: the current and the prefetched one).
+    `score_matrices`: eager attention stores the (heads x seq x seq) scores; SDPA/flash kernels do not.
+    `checkpointing` keeps each layer's input and recomputes one layer's activations at a time in backward.
+    """
+    w = PRECISION_BYTES[precision]
+    weights = counts.total * w
+    host = 0.0
+    if zero_stage == 3:
+        live = 2 * layer_params * w
+        host += weights / world if offload == "optimizer_and_params" else 0.0
+        weights = live + (0.0 if offload == "optimizer_and_params" else weights / world)
+    grads = counts.trainable * w / (world if zero_stage >= 2 else 1)
+    # fp32 AdamW keeps two moments; ZeRO >= 1 also keeps a flat fp32 copy of the trainable partition. Mixed
+    # precision always keeps the fp32 master copy beside the moments.
+    per_weight = 12 if precision != "fp32" or zero_stage >= 1 else 8
+    optim = counts.trainable * per_weight / (world if zero_stage >= 1 else 1)
+    if offload != "none":
+        host, optim = host + optim, 0.0
+    # Per layer (Korthikanti et al. 2022, for 2-byte activations; fp32 doubles them), plus the logits, their
+    # float32 softmax and gradient (the loss upcasts them in every precision).
+    scores = 5 * heads * seq_len / hidden if score_matrices else 0.0
+    per_layer = micro * seq_len * hidden * (34 + scores) * w / 2
+    kept = layers * micro * seq_len * hidden * w + per_layer if checkpointing else layers * per_layer
+    activations = kept + 3 * micro * seq_len * vocab * 4
     total = weights + grads + optim + activations
-    return {"weights": weights, "gradients": grads, "optimizer": optim, "activations": activations, "total": total}
+    return {"weights": weights, "gradients": grads, "optimizer": optim, "activations": activations, "total": total,
+            "host": host}
 
 
 def checkpoint_bytes(counts: ParamCounts, *, mode: str, zero_stage: int) -> int:

@@ -38,6 +38,7 @@ class Prepared:
     smoke: bool = False
     changes: dict = field(default_factory=dict)  # {dotted key: (checkpoint's value, this run's)} on a resume
     lock: object | None = None  # training.lock.TrainLock, held from here until the run ends
+    precision: str = "fp32"  # train.precision resolved for this machine's device
 
     def release(self) -> None:
         if self.lock is not None:
@@ -92,14 +93,16 @@ def prepare(cfg, world_size: int = 1, *, smoke: bool = False, verify_inputs: boo
     snapshot_dir, manifest = open_snapshot(t.snapshot, verify=verify_inputs)
     _check_seq_len(manifest, snapshot_dir)
     base = ensure_base_model(cfg.base_model)
+    precision, verdict = _check_plan(cfg, world_size, base["path"], checked=lock)
     lineage = collect_lineage(
         digest, cfg.run.seed, base_model=base["name"], base_model_id=base["id"], snapshot_id=t.snapshot,
         extra={Tag.STAGE: "train", Tag.WORLD_SIZE: world_size, Tag.ZERO_STAGE: t.zero_stage,
                **({Tag.DATA_RUN: data_run} if (data_run := data_run_of(t.snapshot)) else {}),
+               Tag.PRECISION: precision, **({Tag.PLAN_VERDICT: verdict} if verdict else {}),
                Tag.TRAIN_MODE: t.mode, Tag.SMOKE: str(smoke).lower(), Tag.RELEASE: str(cfg.run.release).lower()},
     )
     prep = Prepared(cfg, t.snapshot, snapshot_dir, base, world_size, micro, accum, global_batch,
-                    ckpt_dir or _ckpt_dir(t, digest, smoke), digest, lineage, smoke=smoke)
+                    ckpt_dir or _ckpt_dir(t, digest, smoke), digest, lineage, smoke=smoke, precision=precision)
     if lock:
         from training.lock import TrainLock
 
@@ -110,6 +113,24 @@ def prepare(cfg, world_size: int = 1, *, smoke: bool = False, verify_inputs: boo
         prep.release()
         raise
     return prep
+
+
+def _check_plan(cfg, world_size: int, base_path: str, *, checked: bool) -> tuple[str, str | None]:
+    """(precision, plan verdict tag): the precision for this machine's device, refused before any folder or run
+    exists when the device cannot run it; and the memory plan, refused when it does not fit (unless
+    train.allow_unfit). Workers of a multi-process run (`checked=False`) trust their launcher's verdict."""
+    from training import hardware
+    from training.planner import refuse_unfit, resolve_precision
+
+    precision = resolve_precision(cfg.train.precision, hardware.local(measure=False))
+    if not checked:
+        return precision, None
+    plan = refuse_unfit(cfg, world_size, base_path)
+    if plan["fits"]:
+        return precision, "fits"
+    gib = 2**30
+    return precision, (f"does not fit (run with train.allow_unfit=true): {plan['memory_total_bytes'] / gib:.1f} GiB "
+                       f"per rank planned, {plan['memory_limit_bytes'] / gib:.1f} GiB usable")
 
 
 def _ckpt_dir(t, digest: str, smoke: bool) -> Path:

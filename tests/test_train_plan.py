@@ -1,0 +1,138 @@
+"""`mlops train plan` and the fit check of `mlops train run`: costs from config.json on the meta device, the
+guides' 7B example, the memory levers, the verdict, and a job that cannot fit refused before compute."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mlops.config import load_config
+from mlops.errors import ConfigError
+from training import hardware
+from training.planner import MARGIN, parse_deadline, plan_job
+from training.testing import make_snapshot, tiny_overrides
+
+LLAMA_7B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+            "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
+            "tie_word_embeddings": False}
+
+
+@pytest.fixture
+def llama_7b(tmp_path):
+    folder = tmp_path / "llama-7b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA_7B))
+    return folder
+
+
+def seven_b(llama_7b, *extra: str):
+    return load_config(None, [f"base_model={llama_7b}", "train.mode=full", "train.snapshot=null",
+                              "train.global_batch_size=32", "train.micro_batch_size=1", *extra])
+
+
+def test_the_guides_7b_full_finetune_on_32_a100s_takes_about_29_hours(llama_7b):
+    cfg = seven_b(llama_7b, "train.zero_stage=2")
+    plan = plan_job(cfg, hw=hardware.named("a100-80gb"), gpus=32, tokens=10e9, seq_len=4096, base_path=str(llama_7b))
+    assert 6.6e9 < plan["params_total"] < 6.8e9 and plan["params_trainable"] == plan["params_total"]
+    assert plan["precision"] == "bf16"  # the GPU default
+    hours = plan["wall_time_s"] / 3600
+    assert 29 * 0.9 <= hours <= 29 * 1.1, hours
+    assert plan["wall_time_with_margin_s"] == pytest.approx(plan["wall_time_s"] * MARGIN)
+    assert plan["fits"] and plan["grad_accum"] == 1 and plan["steps"] == 76294
+
+
+def test_a_plan_that_does_not_fit_names_the_changes_that_would(llama_7b):
+    cfg = seven_b(llama_7b, "train.zero_stage=0")
+    plan = plan_job(cfg, hw=hardware.named("a100-80gb"), gpus=32, tokens=10e9, seq_len=4096, base_path=str(llama_7b))
+    assert not plan["fits"]  # 16 bytes per parameter on every rank: ~119 GiB of an 80 GiB card
+    assert ["train.zero_stage=1"] in [f["overrides"] for f in plan["fixes"]]
+    one = plan_job(cfg, hw=hardware.named("a100-80gb"), gpus=1, tokens=10e9, seq_len=4096, base_path=str(llama_7b))
+    # Alone on one card no ZeRO stage partitions anything: offload, LoRA or more devices are what is left.
+    assert not one["fits"] and all("train.zero_stage=1" != " ".join(f["overrides"]) for f in one["fixes"])
+
+
+def test_deadline_verdict_says_how_many_devices_would_make_it(llama_7b):
+    cfg = seven_b(llama_7b, "train.zero_stage=2")
+    plan = plan_job(cfg, hw=hardware.named("h100-80gb"), gpus=8, tokens=10e9, seq_len=4096,
+                    base_path=str(llama_7b), deadline_s=parse_deadline("1d"))
+    assert plan["meets_deadline"] is False
+    assert plan["gpus_for_deadline"] > 8
+    assert parse_deadline("90m") == 5400 and parse_deadline("1970-01-02T00:00", now=0.0) == 86400
+    with pytest.raises(ConfigError, match="--deadline 'soon'"):
+        parse_deadline("soon")
+
+
+def test_each_memory_lever_lowers_what_it_should():
+    from training.metrics import ParamCounts, memory_plan
+
+    counts = ParamCounts(1_000_000, 1_000_000, 900_000, 0)
+    shape = {"world": 4, "micro": 2, "seq_len": 512, "layers": 4, "hidden": 256, "heads": 4, "vocab": 1000}
+    fp32 = memory_plan(counts, zero_stage=0, **shape)
+    # The fp32 ZeRO-0 figures the in-run plan logged before precision existed.
+    assert fp32["weights"] == fp32["gradients"] == 4e6 and fp32["optimizer"] == 8e6
+    assert fp32["activations"] == 2 * 512 * 256 * 4 * (34 + 5 * 4 * 512 / 256) * 2 + 3 * 2 * 512 * 1000 * 4
+    bf16 = memory_plan(counts, zero_stage=0, precision="bf16", **shape)
+    assert bf16["weights"] == 2e6 and bf16["optimizer"] == 12e6
+    zero3 = memory_plan(counts, zero_stage=3, precision="bf16", layer_params=10_000, **shape)
+    assert zero3["weights"] == 2e6 / 4 + 2 * 10_000 * 2 and zero3["optimizer"] == 12e6 / 4
+    offloaded = memory_plan(counts, zero_stage=3, precision="bf16", offload="optimizer_and_params", **shape)
+    assert offloaded["optimizer"] == 0 and offloaded["host"] == 12e6 / 4 + 2e6 / 4
+    ckpt = memory_plan(counts, zero_stage=0, checkpointing=True, **shape)
+    assert ckpt["activations"] < fp32["activations"] / 2
+
+
+def test_plan_on_the_meta_device_counts_what_training_builds(tiny_model):
+    import torch
+
+    from training.engine import build_model
+    from training.metrics import count_params
+    from training.planner import meta_model
+
+    t = load_config(None, ["train.mode=lora"]).train
+    meta = meta_model(tiny_model["path"], t)
+    assert next(meta.parameters()).device == torch.device("meta")
+    assert count_params(meta) == count_params(build_model(tiny_model["path"], t, 0))
+
+
+def test_fp16_on_a_cpu_is_refused_naming_the_field(tiny_model):
+    cfg = load_config(None, [f"base_model={tiny_model['path']}", "train.precision=fp16", "train.snapshot=null"])
+    with pytest.raises(ConfigError, match=r"train\.precision=fp16 .*Fix: set train\.precision=bf16 or fp32"):
+        plan_job(cfg, hw=hardware.cpu(measure=False), seq_len=64)
+
+
+def test_plan_cli_prints_the_verdict_and_exits_3_when_it_does_not_fit(llama_7b, mlops_home):
+    from typer.testing import CliRunner
+
+    from training.cli import app
+
+    args = ["plan", "--gpu", "a100-80gb", "--gpus", "32.0", "--tokens", "1e10", "--seq-len", "4096",
+            f"base_model={llama_7b}", "train.mode=full", "train.snapshot=null", "train.global_batch_size=32",
+            "train.micro_batch_size=1"]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 3, out.output
+    assert "does NOT fit" in out.output and "train.zero_stage=1" in out.output and "29.8 h" in out.output
+    fits = CliRunner().invoke(app, [*args, "train.zero_stage=3", "--deadline", "40h"])
+    assert fits.exit_code == 0, fits.output
+    assert "verdict  fits" in fits.output and "deadline met" in fits.output
+
+
+def test_train_run_refuses_a_job_that_cannot_fit_before_any_folder_or_run(mlops_home, tiny_model, tmp_path,
+                                                                          monkeypatch):
+    from training.prepare import prepare
+
+    snapshot = make_snapshot()
+    overrides = tiny_overrides(snapshot, base_model=tiny_model["path"], **{"train.checkpoint.dir": str(tmp_path / "c")})
+    monkeypatch.setattr(hardware, "host_memory_bytes", lambda: 2.0**20)  # a 1 MiB machine
+    with pytest.raises(ConfigError, match=r"does not fit 1 x cpu.*train\.allow_unfit=true"):
+        prepare(load_config(None, overrides))
+    assert not (tmp_path / "c").exists()
+    prep = prepare(load_config(None, [*overrides, "train.allow_unfit=true"]))
+    try:
+        from mlops.lineage import Tag
+
+        assert prep.lineage.as_tags()[Tag.PLAN_VERDICT].startswith("does not fit (run with train.allow_unfit=true)")
+        assert prep.lineage.as_tags()[Tag.PRECISION] == "fp32"
+    finally:
+        prep.release()

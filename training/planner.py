@@ -1,0 +1,325 @@
+"""`mlops train plan`: what a job costs before it holds a machine. Parameters, tokens, FLOPs, peak memory per rank
+and wall time for a config on named hardware, and a verdict: fits or not (and what would make it fit), finishes
+before a deadline or not.
+
+Nothing is loaded: the model is built on the meta device from its config.json (LoRA adapters included), so a 70B
+plan takes seconds. The formulas are the ones the in-run plan uses (training.metrics): one per quantity.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, replace
+
+from mlops.errors import ConfigError
+from training.hardware import USABLE, Hardware
+
+MARGIN = 1.2  # the field guides' 20% reserve on wall time: restarts, evaluation, checkpoints, stragglers
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The levers a verdict may move; everything else about the job is fixed."""
+
+    mode: str
+    precision: str
+    zero_stage: int
+    offload: str
+    checkpointing: bool
+    micro: int
+    world: int
+
+    def overrides(self, other: Shape) -> list[str]:
+        keys = {"mode": "train.mode", "precision": "train.precision", "zero_stage": "train.zero_stage",
+                "offload": "train.offload", "checkpointing": "train.activation_checkpointing",
+                "micro": "train.micro_batch_size", "world": "--gpus"}
+        out = []
+        for name, key in keys.items():
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine != theirs:
+                value = str(theirs).lower() if isinstance(theirs, bool) else theirs
+                out.append(f"{key} {value}" if key.startswith("--") else f"{key}={value}")
+        return out
+
+
+def meta_model(base_path: str, t):
+    """The model as training would build it (LoRA wrapper included), on the meta device: shapes, no weights."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(base_path)
+    config.quantization_config = None  # a GGUF/quantized origin would otherwise ask for its loader
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+        if t.mode == "lora":
+            from peft import LoraConfig, get_peft_model
+
+            lora = LoraConfig(r=t.lora.r, lora_alpha=t.lora.alpha, lora_dropout=t.lora.dropout,
+                              target_modules=list(t.lora.target_modules), task_type="CAUSAL_LM")
+            model = get_peft_model(model, lora)
+    return model
+
+
+def resolve_precision(requested: str | None, hw: Hardware) -> str:
+    """train.precision, or its default for the device: bf16 where the GPU has it, fp32 on a CPU."""
+    if requested is None:
+        return "bf16" if hw.gpu and hw.bf16 else "fp32"
+    if requested == "fp16" and not hw.fp16:
+        raise ConfigError(
+            f"train.precision=fp16 cannot run on {hw.name}: fp16 mixed precision needs a GPU (its dynamic loss "
+            "scaling is built for CUDA kernels). Fix: set train.precision=bf16 or fp32 (fp32 is the CPU default)."
+        )
+    if requested == "bf16" and not hw.bf16:
+        raise ConfigError(
+            f"train.precision=bf16 cannot run on {hw.name}: the device has no bf16. Fix: set train.precision=fp16 "
+            "(dynamic loss scaling) or fp32."
+        )
+    return requested
+
+
+class Costing:
+    """Memory and FLOPs of one model at one sequence length, for any Shape."""
+
+    def __init__(self, model, t, seq_len: int, mean_len: float, hw: Hardware) -> None:
+        from training.metrics import count_params
+
+        mc = getattr(model, "config", None)
+        self.counts_lora = count_params(model)
+        self.layers, self.hidden = mc.num_hidden_layers, mc.hidden_size
+        self.heads, self.vocab = mc.num_attention_heads, mc.vocab_size
+        self.seq_len, self.mean_len, self.hw, self.t = seq_len, mean_len, hw, t
+        matmul = self.counts_lora.matmul_trainable + self.counts_lora.matmul_frozen
+        # One decoder layer's weights: what ZeRO-3 gathers at a time (the LM head aside).
+        self.layer_params = max(0, matmul - self.vocab * self.hidden) // max(1, self.layers)
+
+    def counts(self, shape: Shape):
+        from training.metrics import ParamCounts
+
+        c = self.counts_lora
+        if shape.mode == self.t.mode:
+            return c
+        # A suggested switch to LoRA: every base weight frozen, adapters on the target modules (r x (in + out)).
+        matmul = c.matmul_trainable + c.matmul_frozen
+        adapters = self.t.lora.r * 2 * self.hidden * len(self.t.lora.target_modules) * self.layers
+        return ParamCounts(c.total + adapters, adapters, adapters, matmul)
+
+    def memory(self, shape: Shape) -> dict[str, float]:
+        from training.metrics import memory_plan
+
+        # On CUDA, SDPA takes the flash / memory-efficient kernels (no score matrices); on a CPU the plan keeps
+        # them, as the in-run plan always has.
+        return memory_plan(self.counts(shape), zero_stage=shape.zero_stage, world=shape.world, micro=shape.micro,
+                           seq_len=self.seq_len, layers=self.layers, hidden=self.hidden, heads=self.heads,
+                           vocab=self.vocab, precision=shape.precision, offload=shape.offload,
+                           checkpointing=shape.checkpointing, score_matrices=not self.hw.gpu,
+                           layer_params=self.layer_params)
+
+    def flops_per_token(self, shape: Shape) -> float:
+        from training.metrics import flops_per_token
+
+        return flops_per_token(self.counts(shape), layers=self.layers, hidden=self.hidden, seq_len=round(self.mean_len))
+
+    def recompute(self, shape: Shape) -> float:
+        """Wall-time factor of activation checkpointing: each token's forward (2 FLOPs per matmul weight) runs
+        twice. MFU counts model FLOPs only, so the recomputation shows as time, not as FLOPs."""
+        if not shape.checkpointing:
+            return 1.0
+        c = self.counts(shape)
+        model = self.flops_per_token(shape)
+        return (model + 2 * (c.matmul_trainable + c.matmul_frozen)) / model
+
+    def limit(self, shape: Shape) -> float:
+        """Bytes a rank may use: the device's usable memory; on a CPU, the host's shared by the ranks."""
+        return self.hw.memory_bytes * USABLE / (1 if self.hw.gpu else shape.world)
+
+    def fits(self, shape: Shape) -> bool:
+        m = self.memory(shape)
+        used = m["total"] + (0.0 if self.hw.gpu else m["host"])
+        return used <= self.limit(shape)
+
+
+def levers(shape: Shape, t) -> list[Shape]:
+    """Single changes, cheapest first: each trades speed, memory or devices a different way."""
+    out = []
+    if not shape.checkpointing:
+        out.append(replace(shape, checkpointing=True))
+    out += [replace(shape, zero_stage=z) for z in (1, 2, 3) if z > shape.zero_stage and shape.world > 1]
+    micro = shape.micro
+    while micro > 1:
+        micro //= 2
+        out.append(replace(shape, micro=micro))
+    if shape.offload == "none":
+        out.append(replace(shape, offload="optimizer", zero_stage=max(shape.zero_stage, 2)))
+    if shape.offload != "optimizer_and_params":
+        out.append(replace(shape, offload="optimizer_and_params", zero_stage=3))
+    if shape.mode == "full":
+        out.append(replace(shape, mode="lora"))
+    return out
+
+
+def what_fits(cost: Costing, shape: Shape, t) -> list[Shape]:
+    """Up to three single changes that fit; else the cumulative chain of them; else more devices."""
+    single = [s for s in levers(shape, t) if cost.fits(s)]
+    if single:
+        return single[:3]
+    chained = shape
+    for step in (dict(checkpointing=True), dict(zero_stage=3), dict(micro=1),
+                 dict(offload="optimizer", zero_stage=3), dict(offload="optimizer_and_params", zero_stage=3)):
+        chained = replace(chained, **step)
+        if cost.fits(chained):
+            return [chained]
+    if cost.hw.gpu:
+        for world in (2**k for k in range(1, 13)):
+            if world > shape.world and cost.fits(replace(chained, world=world)):
+                return [replace(chained, world=world)]
+    return []
+
+
+def parse_deadline(text: str | None, now: float | None = None) -> float | None:
+    """Seconds from now: a duration (36h, 2d, 90m, 3600s) or an ISO date-time (UTC when no zone is given)."""
+    if not text:
+        return None
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text)
+    if match:
+        return float(match[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
+    from datetime import UTC, datetime
+
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"--deadline '{text}' is neither a duration nor a date-time. Fix: pass e.g. --deadline 36h, "
+                          "--deadline 2d or --deadline 2026-12-24T18:00.") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp() - (now if now is not None else time.time())
+
+
+def _tokens_of(snapshot: str | None) -> tuple[dict, str | None]:
+    """The snapshot's manifest, or {} with the reason it could not be read."""
+    if not snapshot:
+        return {}, "no train.snapshot"
+    from mlops.errors import MLOpsError
+    from training.data_loader import open_snapshot, resolve_snapshot_id
+
+    try:
+        _, manifest = open_snapshot(resolve_snapshot_id(snapshot), verify=False)
+    except MLOpsError as err:
+        return {}, str(err)
+    return manifest, None
+
+
+def plan_job(cfg, *, hw: Hardware, gpus: int = 1, tokens: float | None = None, mfu: float | None = None,
+             seq_len: int | None = None, deadline_s: float | None = None, base_path: str | None = None) -> dict:
+    """The plan of `cfg` on `gpus` devices of `hw`; a dict that `describe` prints and tests read."""
+    from mlops.config import require_section
+
+    t = require_section(cfg, "train")
+    if gpus < 1:
+        raise ConfigError(f"--gpus {gpus} is not a positive number of devices. Fix: pass --gpus 1 or more.")
+    micro, accum, global_batch = t.batch_layout(gpus)
+    manifest, why = _tokens_of(t.snapshot)
+    seq = seq_len or t.max_seq_len or manifest.get("seq_len")
+    if not seq:
+        raise ConfigError(f"the plan needs a sequence length and has none ({why}, no train.max_seq_len). Fix: pass "
+                          "--seq-len, set train.max_seq_len, or name a snapshot with train.snapshot.")
+    if manifest.get("seq_len"):
+        seq = min(seq, int(manifest["seq_len"]))
+    split = manifest.get("counts", {}).get("per_split", {}).get("train", {})
+    snapshot_tokens = split.get("tokens")
+    # Batches are cut to their longest sample: a snapshot's mean sample length drives compute, its seq_len memory.
+    mean_len = min(seq, snapshot_tokens / split["records"]) if snapshot_tokens and split.get("records") else seq
+    if tokens is None:
+        tokens = float(t.max_steps * global_batch * mean_len)
+    if base_path is None:
+        from mlops.base_models import ensure_base_model
+
+        base_path = ensure_base_model(cfg.base_model)["path"]
+    precision = resolve_precision(t.precision, hw)
+    shape = Shape(t.mode, precision, t.zero_stage, t.offload, t.activation_checkpointing, micro, gpus)
+    cost = Costing(meta_model(base_path, t), t, int(seq), mean_len, hw)
+    counts, memory = cost.counts(shape), cost.memory(shape)
+    fpt = cost.flops_per_token(shape)
+    mfu = mfu if mfu is not None else hw.mfu
+    rate = hw.peak(precision) * (gpus if hw.gpu else 1) * mfu  # CPU ranks share one machine's cores
+    wall = tokens * fpt / rate * cost.recompute(shape)
+    fits = cost.fits(shape)
+    plan = {
+        "hardware": hw.name, "gpus": gpus, "precision": precision, "mode": t.mode, "zero_stage": t.zero_stage,
+        "offload": t.offload, "activation_checkpointing": t.activation_checkpointing,
+        "micro_batch_size": micro, "grad_accum": accum, "global_batch": global_batch, "seq_len": int(seq),
+        "mean_len": mean_len, "params_total": counts.total, "params_trainable": counts.trainable,
+        "tokens": tokens, "snapshot_tokens": snapshot_tokens, "steps": math.ceil(tokens / (global_batch * mean_len)),
+        "flops_per_token": fpt, "flops_total": fpt * tokens, "peak_flops_per_device": hw.peak(precision), "mfu": mfu,
+        "wall_time_s": wall, "wall_time_with_margin_s": wall * MARGIN,
+        **{f"memory_{k}_bytes": v for k, v in memory.items()},
+        "memory_limit_bytes": cost.limit(shape), "fits": fits,
+        "fixes": [] if fits else [{"overrides": shape.overrides(s), "memory_bytes": cost.memory(s)["total"]}
+                                  for s in what_fits(cost, shape, t)],
+    }
+    if deadline_s is not None:
+        plan["deadline_s"] = deadline_s
+        plan["meets_deadline"] = wall * MARGIN <= deadline_s
+        if not plan["meets_deadline"] and hw.gpu and deadline_s > 0:
+            plan["gpus_for_deadline"] = math.ceil(gpus * wall * MARGIN / deadline_s)
+    return plan
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
+
+
+def describe(plan: dict) -> str:
+    gib = 2**30
+    lines = [
+        f"job      {plan['mode']} fine-tune, {plan['precision']}, ZeRO-{plan['zero_stage']}, offload {plan['offload']}, "
+        f"activation checkpointing {'on' if plan['activation_checkpointing'] else 'off'}",
+        f"devices  {plan['gpus']} x {plan['hardware']}; micro batch {plan['micro_batch_size']} x grad accum "
+        f"{plan['grad_accum']} = global batch {plan['global_batch']} sequences of {plan['seq_len']} tokens",
+        f"params   {plan['params_total']:,} ({plan['params_trainable']:,} trainable)",
+        f"tokens   {plan['tokens']:.4g} ({plan['steps']:,} steps)"
+        + (f"; the snapshot holds {plan['snapshot_tokens']:.4g}" if plan.get("snapshot_tokens") else ""),
+        f"compute  {plan['flops_per_token']:.4g} FLOPs/token, {plan['flops_total']:.4g} FLOPs in all",
+        f"memory   {plan['memory_total_bytes'] / gib:.1f} GiB per rank (weights {plan['memory_weights_bytes'] / gib:.1f}"
+        f", gradients {plan['memory_gradients_bytes'] / gib:.1f}, optimizer {plan['memory_optimizer_bytes'] / gib:.1f}"
+        f", activations {plan['memory_activations_bytes'] / gib:.1f}; host {plan['memory_host_bytes'] / gib:.1f})"
+        f" of {plan['memory_limit_bytes'] / gib:.1f} GiB usable",
+        f"time     {_hours(plan['wall_time_s'])} at MFU {plan['mfu']:.2f} of {plan['peak_flops_per_device']:.3g} FLOP/s "
+        f"per device; {_hours(plan['wall_time_with_margin_s'])} with the 20% margin",
+    ]
+    if plan["fits"]:
+        lines.append("verdict  fits")
+    elif plan["fixes"]:
+        options = "; or ".join(f"{' '.join(f['overrides'])} ({f['memory_bytes'] / gib:.1f} GiB)" for f in plan["fixes"])
+        lines.append(f"verdict  does NOT fit. It would fit with: {options}")
+    else:
+        lines.append("verdict  does NOT fit, and no ZeRO stage, offload, checkpointing or micro batch makes it fit: "
+                     "use more or larger devices, or a smaller model")
+    if "meets_deadline" in plan:
+        if plan["meets_deadline"]:
+            lines.append(f"deadline met ({_hours(plan['deadline_s'])} available)")
+        else:
+            more = f"; about {plan['gpus_for_deadline']} devices would make it" if plan.get("gpus_for_deadline") else ""
+            lines.append(f"deadline MISSED: {_hours(plan['wall_time_with_margin_s'])} needed, "
+                         f"{_hours(max(0.0, plan['deadline_s']))} available{more}")
+    return "\n".join(lines)
+
+
+def refuse_unfit(cfg, world_size: int, base_path: str) -> dict:
+    """`mlops train run`'s check before compute: the plan on this machine must fit, unless train.allow_unfit."""
+    from training import hardware
+
+    hw = hardware.local(measure=False)  # memory decides here, not speed
+    t = cfg.train
+    plan = plan_job(cfg, hw=hw, gpus=world_size, tokens=1.0, base_path=base_path)
+    if plan["fits"] or t.allow_unfit:
+        return plan
+    gib = 2**30
+    fixes = "; or ".join(" ".join(f["overrides"]) for f in plan["fixes"]) or "more or larger devices"
+    raise ConfigError(
+        f"this job does not fit {world_size} x {hw.name}: the plan needs {plan['memory_total_bytes'] / gib:.1f} GiB "
+        f"per rank and {plan['memory_limit_bytes'] / gib:.1f} GiB are usable (`mlops train plan` shows the breakdown)."
+        f" Fix: {fixes}; or set train.allow_unfit=true to run anyway (recorded on the run)."
+    )
+
