@@ -32,8 +32,8 @@ def blind_scores(model_dir: Path, suites) -> dict[str, dict]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, trust_remote_code=False).eval()
     out = {}
     for suite in suites:
         for task in (t for t in suite.tasks if t.kind == "multiple_choice"):

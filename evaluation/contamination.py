@@ -126,7 +126,7 @@ def contamination_for_model(model, suites: list[Suite], cfg, snapshot: Path | st
         return {"status": "snapshot_missing", "snapshot_id": snapshot_id, "count": None, "offending": [],
                 "reason": str(err)}
     manifest = read_manifest(folder)
-    tokenizer = AutoTokenizer.from_pretrained(str(model.hf_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(model.hf_dir), trust_remote_code=False)
     report = contamination_report(suite_items(suites), snapshot_messages(folder, tokenizer, cfg.split),
                                   rule_of(manifest))
     return {**report, "snapshot_id": snapshot_id, "suites": sorted(s.label for s in suites),

@@ -52,7 +52,8 @@ def _lm_eval(server: ServerProcess, hf_dir: Path, name: str, profile: Deployment
 
     common = {"model": name, "header": server.headers, "max_length": server.max_model_len(),
               "num_concurrent": eval_cfg.concurrency,
-              "timeout": eval_cfg.request_timeout, "max_retries": 3, "seed": profile.sampling.seed or seed}
+              "timeout": eval_cfg.request_timeout, "max_retries": 3, "seed": profile.sampling.seed or seed,
+              "trust_remote_code": False}  # lm-eval loads the tokenizer from the folder in this process
     mc, gen = tasks or prepare_tasks(suites)
     options = {"task_manager": TaskManager(include_defaults=False), "limit": eval_cfg.limit, "log_samples": True,
                "bootstrap_iters": eval_cfg.bootstrap_iters, "random_seed": seed, "numpy_random_seed": seed,

@@ -53,7 +53,7 @@ def load_gguf_tokenizer():
     from transformers import AutoTokenizer
 
     gguf = gguf_path()
-    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False)
 
 
 def build_smollm2(dest: Path) -> None:
@@ -62,7 +62,8 @@ def build_smollm2(dest: Path) -> None:
 
     gguf = gguf_path()
     tokenizer = load_gguf_tokenizer()
-    quantized = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    quantized = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+                                                     trust_remote_code=False)
     config = quantized.config
     # A gguf-loaded model refuses save_pretrained; a plain model built from its config takes its weights.
     if hasattr(config, "quantization_config"):
@@ -79,7 +80,7 @@ def _tokenizer_for_tiny():
 
     smollm2 = catalog().get("smollm2")
     if smollm2 and Path(smollm2["path"]).is_dir():
-        return AutoTokenizer.from_pretrained(smollm2["path"])
+        return AutoTokenizer.from_pretrained(smollm2["path"], trust_remote_code=False)
     return load_gguf_tokenizer()
 
 

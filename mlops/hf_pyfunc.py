@@ -26,8 +26,8 @@ class HFChatModel(mlflow.pyfunc.PythonModel):
         from mlops.profile import load_profile
 
         if self._model is None:
-            self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
-            self._model = AutoModelForCausalLM.from_pretrained(str(self.model_dir)).eval()
+            self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir), trust_remote_code=False)
+            self._model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), trust_remote_code=False).eval()
         profile = load_profile(self.model_dir)
         prompts = list(model_input["prompt"]) if hasattr(model_input, "columns") else list(model_input)
         outputs = []

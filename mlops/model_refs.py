@@ -204,7 +204,8 @@ def describe(ref: str) -> ModelDescription:
 
 
 def materialize(model: ModelDescription | str) -> ResolvedModel:
-    """The model's HF folder on local disk (downloaded from the artifact store when it is remote)."""
+    """The model's HF folder on local disk (downloaded from the artifact store when it is remote); a folder
+    that ships code (Python, native libraries, `auto_map`) is refused (mlops.model_safety)."""
     desc = describe(model) if isinstance(model, str) else model
     if desc.kind == "folder":
         try:
@@ -225,6 +226,9 @@ def materialize(model: ModelDescription | str) -> ResolvedModel:
                 raise NotFoundError(f"model ref '{desc.ref}': its artifacts at {desc.source} do not exist. "
                                     "Fix: re-log the model, or pass another version.") from None
             raise unavailable(err, f"the artifacts of '{desc.ref}'") from err
+    from mlops.model_safety import require_no_code
+
+    require_no_code(hf_dir)  # whoever trained it wrote the folder: refused here before anything loads it
     return ResolvedModel(desc.ref, hf_dir, desc.kind, desc.name, desc.version, desc.run_id, dict(desc.run_tags),
                          dict(desc.version_tags), desc.aliases)
 

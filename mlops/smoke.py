@@ -25,8 +25,8 @@ def generate_chat(model_dir: Path | str, prompt: str, max_new_tokens: int = 32) 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, trust_remote_code=False).eval()
     ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
     )

@@ -194,6 +194,10 @@ def engine_names() -> list[str]:
 
 
 def build_engine(model_path: Path | str, spec: EngineSpec) -> Engine:
-    """The engine `spec.name` names, loaded from `model_path`; an unknown name lists the available ones."""
+    """The engine `spec.name` names, loaded from `model_path`; an unknown name lists the available ones.
+    Every engine loads through here: a model folder that ships code is refused before any engine reads it."""
+    from mlops.model_safety import require_no_code
+
     _load_builtin()
-    return ENGINES.get(spec.name)(Path(model_path), spec)
+    factory = ENGINES.get(spec.name)
+    return factory(require_no_code(Path(model_path)), spec)

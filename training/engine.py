@@ -56,7 +56,7 @@ def build_model(base_path: str, cfg, seed: int):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)  # LoRA's A matrices are random: the same on every rank and every rerun
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, trust_remote_code=False)
     model.config.use_cache = False
     if cfg.mode == "lora":
         from peft import LoraConfig, get_peft_model

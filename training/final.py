@@ -51,7 +51,7 @@ def build_final_model(base_path: str, t, seed: int, ckpt: Path, out: Path, *, ma
     staging = out.with_name(out.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging)
-    AutoTokenizer.from_pretrained(base_path).save_pretrained(staging)
+    AutoTokenizer.from_pretrained(base_path, trust_remote_code=False).save_pretrained(staging)
     context = max_context or int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
     default_profile(staging, max_context=context, engine=t.serve_engine, quantization=t.serve_quantization).save(staging)
     shutil.rmtree(out, ignore_errors=True)

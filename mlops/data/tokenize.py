@@ -66,7 +66,7 @@ class ChatTokenizer:
     def __init__(self, model_path: str | Path) -> None:
         from transformers import AutoTokenizer
 
-        self.tok = AutoTokenizer.from_pretrained(str(model_path))
+        self.tok = AutoTokenizer.from_pretrained(str(model_path), trust_remote_code=False)
         if not self.tok.chat_template:
             raise MLOpsError(
                 f"the tokenizer at {model_path} has no chat template, so chat records cannot be rendered. "

@@ -63,8 +63,9 @@ class Engine:
         if threads:
             torch.set_num_threads(threads)
         self.model_dir = self.model_path = Path(model_dir)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
-        self.model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir), trust_remote_code=False)
+        self.model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32,
+                                                          trust_remote_code=False).eval()
         self.max_batch_tokens, self.max_gen_batch, self.slice_steps = max_batch_tokens, max_gen_batch, slice_steps
         self.eos_ids = _eos_ids(self.tokenizer, self.model)
         self.vocab_size = len(self.tokenizer)

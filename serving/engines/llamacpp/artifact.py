@@ -63,26 +63,35 @@ def cached_path(model_path: Path, quantization: str, llamacpp_version: str, out_
 
 
 def convert(model_path: Path, target: Path, quantization: str, install: LlamaCppInstall) -> Path:
-    """HF folder -> f16 GGUF (convert_hf_to_gguf.py) -> `quantization` (llama-quantize), atomically."""
+    """HF folder -> f16 GGUF (convert_hf_to_gguf.py) -> `quantization` (llama-quantize), atomically.
+
+    The converter imports the folder's own Python for some architectures (it trusts remote code whatever we
+    pass), so a folder with any code is refused first, and both tools run without our secrets (child_env)."""
+    from mlops.model_safety import require_no_code
+
+    require_no_code(model_path)
     target.parent.mkdir(parents=True, exist_ok=True)
     f16 = target.with_name("model-f16.gguf")
     if not f16.is_file():
         tmp = f16.with_suffix(".partial")
-        env = {**os.environ, "PYTHONPATH": str(install.src / "gguf-py"), "HF_HUB_OFFLINE": "1"}
         _run([sys.executable, str(install.converter), str(model_path), "--outtype", "f16", "--outfile", str(tmp)],
-             env, f"converting {model_path} to GGUF")
+             {"PYTHONPATH": str(install.src / "gguf-py")}, f"converting {model_path} to GGUF")
         tmp.replace(f16)
     if quantization != "f16":
         tmp = target.with_suffix(".partial")
-        _run([str(install.quantize), str(f16), str(tmp), GGUF_TYPES[quantization]], None,
+        _run([str(install.quantize), str(f16), str(tmp), GGUF_TYPES[quantization]], {},
              f"quantizing {f16} to {quantization}")
         tmp.replace(target)
     log.info("GGUF artifact %s (%s) from %s", target, quantization, model_path)
     return target
 
 
-def _run(cmd: list[str], env: dict | None, what: str) -> None:
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+def _run(cmd: list[str], extra_env: dict[str, str], what: str) -> None:
+    from mlops.child_env import child_env, child_home
+
+    with child_home("mlops-llamacpp-") as home:
+        done = subprocess.run(cmd, env=child_env(home, extra_env), capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL)
     if done.returncode != 0:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
         raise ConversionError(f"llama.cpp failed {what} (exit {done.returncode}):\n{tail}")

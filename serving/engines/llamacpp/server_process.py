@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from mlops.child_env import child_env, new_home, remove_home
 from mlops.errors import MLOpsError
 
 log = logging.getLogger("mlops.serve")
@@ -38,9 +39,11 @@ class LlamaServer:
                "-t", str(threads), "-tb", str(batch_threads), "-np", str(parallel),
                "-c", str(parallel * ctx_per_slot), "--cont-batching", "--no-webui", "--metrics",
                "--no-warmup", "-lv", "2"]
+        # None of our secrets (the registry's URL and credentials): it parses a file a trainer produced.
+        self._home = new_home("mlops-llama-server-")
         # Its own process group: a SIGINT meant for `mlops serve` must not kill it before we drain.
         self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      start_new_session=True)
+                                      start_new_session=True, env=child_env(self._home))
         atexit.register(self.stop)  # a server that exits without closing its engines leaves no llama-server behind
         self._wait_ready(start_timeout)
 
@@ -84,3 +87,4 @@ class LlamaServer:
                 self._proc.wait()
         self._log.close()
         Path(self._log.name).unlink(missing_ok=True)
+        remove_home(self._home)
