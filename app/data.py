@@ -56,7 +56,7 @@ def ledger_rows(store: str) -> list[dict]:
 
 
 def entries(store: str, model: str | None = None) -> list:
-    from registry.ledger import Entry
+    from registry.entries import Entry
 
     return [Entry(**row) for row in ledger_rows(store) if model is None or row["model"] == model]
 
@@ -89,14 +89,14 @@ def registered_models(store: str) -> dict[str, dict]:
 def release_rows(store: str) -> list[dict]:
     """The verified ledger's model entries (LedgerBroken when it does not verify): what every decision reads."""
     from registry import ledger
-    from registry.identities import GOVERNANCE
+    from registry.entries import GOVERNANCE
 
     return [e.as_dict() for e in ledger.verified().entries if e.model != GOVERNANCE]
 
 
 def model_names(store: str) -> list[str]:
     """Names to pick from (as stored: a page that shows a broken chain must still open)."""
-    from registry.identities import GOVERNANCE
+    from registry.entries import GOVERNANCE
 
     return sorted({row["model"] for row in ledger_rows(store) if row["model"] != GOVERNANCE}
                   | set(registered_models(store)))
@@ -105,7 +105,7 @@ def model_names(store: str) -> list[str]:
 @_cached
 def overview(store: str) -> list[dict]:
     """One row per model: production and staging versions, pending approvals, the latest ledger events."""
-    from registry.ledger import Entry
+    from registry.entries import Entry
     from registry.state import replay
 
     registered = registered_models(store)

@@ -29,6 +29,20 @@ def file_sha256(path: Path | str) -> str:
 
 
 _HASHED: dict[tuple, str] = {}
+_FILE_HASHES: dict[tuple, str] = {}
+
+
+def file_manifest(folder: Path | str) -> dict[str, str]:
+    """Every file of a folder by relative path -> sha256: what a registration signs and every load re-checks.
+    A file's hash is remembered per process under its inode, size, mtime and ctime (see `folder_hash`)."""
+    folder = Path(folder)
+    out = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        key = (str(path.resolve()), *_stamp(path))
+        if key not in _FILE_HASHES:
+            _FILE_HASHES[key] = file_sha256(path)
+        out[path.relative_to(folder).as_posix()] = _FILE_HASHES[key]
+    return out
 
 
 def folder_hash(folder: Path | str, *, exclude: Iterable[str] = ()) -> str:

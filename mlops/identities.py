@@ -1,16 +1,18 @@
 """Who may do what: the role table, and the acting identity.
 
-Identities themselves (name, role, argon2id password hash) live in the governed store, the registry's verified
-ledger (`registry.identities`), and change only by ledgered admin acts; nothing in the caller's environment can
+Identities themselves (name, role, Ed25519 public key) live in the governed store, the registry's verified
+ledger (`registry.identities`), and change only by signed admin acts; nothing in the caller's environment can
 name another source. The core asks the registry through the `authenticate` service, never importing it. Acting
-commands read the identity from `MLOPS_USER` and `MLOPS_PASSWORD`.
+commands read the name from `MLOPS_USER` and the passphrase that unlocks that person's own key file from
+`MLOPS_PASSWORD`: a name alone never acts, since every act is signed with the key.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from mlops.errors import MLOpsError, did_you_mean
 
@@ -39,6 +41,8 @@ class AuthError(MLOpsError):
 class Identity:
     name: str
     role: str
+    # The unlocked key that signs this identity's acts (`registry.signing.Signer`); None for a read-only view.
+    signer: Any = field(default=None, compare=False, repr=False)
 
     def can(self, action: str) -> bool:
         return action in PERMISSIONS.get(self.role, frozenset())

@@ -229,8 +229,20 @@ def materialize(model: ModelDescription | str) -> ResolvedModel:
     from mlops.model_safety import require_no_code
 
     require_no_code(hf_dir)  # whoever trained it wrote the folder: refused here before anything loads it
+    if desc.kind == "version":
+        _verify_registered_bytes(desc.name, desc.version, hf_dir)
     return ResolvedModel(desc.ref, hf_dir, desc.kind, desc.name, desc.version, desc.run_id, dict(desc.run_tags),
                          dict(desc.version_tags), desc.aliases)
+
+
+def _verify_registered_bytes(name: str, version: str, hf_dir: Path) -> None:
+    """A registered version's files must be the bytes its signed registration names (the registry checks; the
+    core only asks), every time it is materialized: MLflow's source and artifacts can be rewritten by any client."""
+    from mlops.stages import service
+
+    verify = service("verify_model_files")
+    if verify is not None:
+        verify(name, version, hf_dir)
 
 
 def resolve_model_ref(ref: str) -> ResolvedModel:

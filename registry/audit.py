@@ -74,15 +74,14 @@ def alias_drift(state: ModelState, actual: dict[str, str] | None = None) -> list
 
 
 def chain_check(url: str | None = None):
-    """(the chain as stored, its problems): keyed hashes, links, head and this machine's anchor."""
+    """(the chain as stored, its problems): hashes, links, head, pinned head and anchor, signatures, every rule."""
     from registry import ledger
-    from registry.keys import advance_anchor, read_anchor
+    from registry.trust import advance_anchor
 
     db = ledger.ledger_url(url)
     with ledger.db_errors(db), ledger.reader(db).connect() as conn:
         chain = ledger.read_chain(conn, db)
-    problems = ledger.chain_problems(chain.entries, chain.head_seq, chain.head_hash, chain.key,
-                                     read_anchor(chain.registry_id))
+    problems = ledger.problems_of(chain)
     if not problems:
         advance_anchor(chain.registry_id, chain.head_seq, chain.head_hash)
     return chain, problems

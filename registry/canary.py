@@ -225,7 +225,7 @@ def start(actor: Identity, model: str, version: str, limits: Limits, *, now: flo
                                   reason=f"{limits.share:.0%} of traffic for {limits.seconds:.0f}s against "
                                          f"champion v{champion}", evidence=evidence)])
 
-    return run(model, plan_for, url=url)[0]
+    return run(model, plan_for, url=url, actor=actor)[0]
 
 
 def stop(actor: Identity, model: str, outcome: str, reason: str, *, evidence: dict | None = None,
@@ -248,7 +248,7 @@ def stop(actor: Identity, model: str, outcome: str, reason: str, *, evidence: di
                     version_tags={version: {CANARY_TAG: f"{outcome}: {reason}"[:4000]}})
 
     # A stop moves no alias, so drift elsewhere in the registry must never keep traffic on a failing canary.
-    return run(model, plan_for, url=url, repairing=True)[0]
+    return run(model, plan_for, url=url, actor=actor, repairing=True)[0]
 
 
 def watch(actor: Identity, model: str, version: str, limits: Limits, read: Callable[[], dict], *,

@@ -14,7 +14,7 @@ import typer
 
 app = typer.Typer(help="Governed releases: identities, register, request/approve, promote, rollback, ledger.",
                   no_args_is_help=True)
-user_app = typer.Typer(help="Manage registry identities (argon2-hashed, in the ledger).", no_args_is_help=True)
+user_app = typer.Typer(help="Manage registry identities (name, role, public key; signed acts).", no_args_is_help=True)
 app.add_typer(user_app, name="user")
 policy_app = typer.Typer(help="The release policy in force (recorded in the ledger).", no_args_is_help=True)
 app.add_typer(policy_app, name="policy")
@@ -59,19 +59,25 @@ def _entry_text(e) -> str:
 @app.command("bootstrap")
 def bootstrap(admin: str = typer.Option(..., "--admin", help="name of the first admin"),
               as_json: bool = JsonOpt) -> None:
-    """Create the registry in its store, once: its tables, its key (printed path: copy it to every machine that
-    acts or serves), the first admin and the release policy in force (configs/registry/release.yaml, else the
-    defaults). The admin's password comes from MLOPS_NEW_PASSWORD, else a prompt."""
+    """Create the registry in its store, once: its tables, the first admin's own signing key (sealed under the
+    passphrase from MLOPS_NEW_PASSWORD, else a prompt), the admin and the release policy in force
+    (configs/registry/release.yaml, else the defaults). Prints the trust root: the fingerprint every consumer
+    pins as MLOPS_TRUST_ROOT (configuration, not a secret)."""
     from registry.config import project_policy
     from registry.identities import bootstrap as do
-    from registry.keys import key_path
     from registry.ledger import verified
+    from registry.signing import user_key_path
+    from registry.trust import pinned_root
 
     written = do(admin, _new_password(), policy=project_policy())
-    key = key_path(verified().registry_id)
-    _out({"admin": admin, "key_file": str(key), "entries": [e.as_dict() for e in written]}, as_json,
-         f"registry created; first admin {admin}; key {key} (copy it, mode 600, to every machine that acts on "
-         "or serves from this registry)")
+    chain = verified()
+    root = pinned_root(chain.registry_id, "this store")
+    key = user_key_path(chain.registry_id, admin)
+    _out({"admin": admin, "registry_id": chain.registry_id, "trust_root": root, "key_file": str(key),
+          "entries": [e.as_dict() for e in written]}, as_json,
+         f"registry {chain.registry_id} created; first admin {admin}, whose key is {key} (theirs alone: keep it "
+         f"off shared machines).\ntrust root: {root}\nSet MLOPS_TRUST_ROOT={root} on every machine that acts on or "
+         "serves from this registry (it is not a secret).")
 
 
 def _new_password() -> str:
@@ -86,26 +92,96 @@ def _new_password() -> str:
     return typer.prompt("password for the identity", hide_input=True, confirmation_prompt=True)
 
 
+PublicKeyOpt = typer.Option(None, "--public-key", help="the person's own public key (`mlops registry key new` "
+                            "printed it); without it a new key is sealed under MLOPS_NEW_PASSWORD on this machine")
+
+
 @user_app.command("add")
 def user_add(name: str, role: str = typer.Option(..., "--role", help="viewer, trainer, approver or admin"),
-             as_json: bool = JsonOpt) -> None:
-    """Add an identity (admin, MLOPS_USER); ledgered. The password comes from MLOPS_NEW_PASSWORD, else a prompt.
-    The first admin is created by `mlops registry bootstrap`."""
+             public_key: str | None = PublicKeyOpt, as_json: bool = JsonOpt) -> None:
+    """Add an identity with its public key (admin, MLOPS_USER); signed. Without --public-key the person's key is
+    made here, sealed under MLOPS_NEW_PASSWORD (else a prompt), and its file is handed to them. The first admin is
+    created by `mlops registry bootstrap`."""
     from registry.identities import add_user
 
-    entry = add_user(_actor("manage_users"), name, role, _new_password())
-    _out({"name": name, "role": role, "seq": entry.seq}, as_json, f"added {name} ({role}) as ledger entry "
-         f"#{entry.seq}")
+    entry = add_user(_actor("manage_users"), name, role, None if public_key else _new_password(),
+                     public_key=public_key)
+    _out({"name": name, "role": role, "seq": entry.seq, "public_key": entry.evidence["public_key"]}, as_json,
+         f"added {name} ({role}) as ledger entry #{entry.seq}" + ("" if public_key else f"; key file "
+                                                                  f"{_key_file(name)} (hand it to {name})"))
+
+
+def _key_file(name: str) -> str:
+    from registry.ledger import verified
+    from registry.signing import user_key_path
+
+    return str(user_key_path(verified().registry_id, name))
 
 
 @user_app.command("passwd")
 def user_passwd(name: str, role: str | None = typer.Option(None, "--role", help="also change the role (admin)"),
-                as_json: bool = JsonOpt) -> None:
-    """Set an identity's password (yourself, or anyone as an admin); new password from MLOPS_NEW_PASSWORD."""
+                public_key: str | None = PublicKeyOpt, as_json: bool = JsonOpt) -> None:
+    """Issue an identity a new key (rotate your own, or re-key anyone as an admin), sealed under
+    MLOPS_NEW_PASSWORD; the old key signs nothing more. Signed."""
     from registry.identities import set_password
 
-    identity = set_password(_actor(None), name, _new_password(), role=role)
-    _out({"name": identity.name, "role": identity.role}, as_json, f"password of {identity.name} changed")
+    identity = set_password(_actor(None), name, None if public_key else _new_password(), role=role,
+                            public_key=public_key)
+    _out({"name": identity.name, "role": identity.role}, as_json, f"new key of {identity.name} recorded")
+
+
+key_app = typer.Typer(help="Your own signing key.", no_args_is_help=True)
+app.add_typer(key_app, name="key")
+trust_app = typer.Typer(help="What this machine trusts: the root fingerprint and a head not to go behind.",
+                        no_args_is_help=True)
+app.add_typer(trust_app, name="trust")
+
+
+@key_app.command("new")
+def key_new(name: str, out: str = typer.Option(..., "--out", help="where to write the key file"),
+            registry_id: str = typer.Option("", "--registry-id", help="the registry it is for (optional)"),
+            as_json: bool = JsonOpt) -> None:
+    """Make your own key pair on your machine, sealed under MLOPS_NEW_PASSWORD; hand the printed public key to an
+    admin (`mlops registry user add NAME --role ROLE --public-key KEY`). The private half never leaves the file."""
+    from pathlib import Path
+
+    from registry.signing import new_signer, write_key_file
+
+    signer = new_signer(name)
+    passphrase = _new_password()
+    from mlops.identities import check_password
+
+    check_password(passphrase)
+    path = write_key_file(Path(out), signer, registry_id, passphrase)
+    _out({"name": name, "public_key": signer.public_key, "fingerprint": signer.fingerprint, "key_file": str(path)},
+         as_json, f"key file {path}\npublic key: {signer.public_key}\nfingerprint: {signer.fingerprint}")
+
+
+@trust_app.command("show")
+def trust_show(as_json: bool = JsonOpt) -> None:
+    """The pinned root and the verified head (what a fresh replica's MLOPS_TRUST_ROOT and MLOPS_TRUST_HEAD take)."""
+    from registry.ledger import verified
+
+    chain = verified()
+    _out({"registry_id": chain.registry_id, "trust_root": chain.root, "head": f"{chain.head_seq}:{chain.head_hash}"},
+         as_json, f"registry {chain.registry_id}\nMLOPS_TRUST_ROOT={chain.root}\n"
+                  f"MLOPS_TRUST_HEAD={chain.head_seq}:{chain.head_hash}")
+
+
+@trust_app.command("pin")
+def trust_pin(fingerprint: str, as_json: bool = JsonOpt) -> None:
+    """Pin the registry's root fingerprint on this machine (instead of setting MLOPS_TRUST_ROOT)."""
+    import sqlalchemy  # noqa: F401 - the store's registry id is read below
+
+    from registry import ledger
+    from registry.trust import pin_root
+
+    db = ledger.ledger_url()
+    with ledger.db_errors(db), ledger.reader(db).connect() as conn:
+        registry_id = ledger.registry_id_of(conn, db)
+    pin_root(registry_id, fingerprint.strip())
+    _out({"registry_id": registry_id, "trust_root": fingerprint.strip()}, as_json,
+         f"pinned {fingerprint.strip()} for registry {registry_id}")
 
 
 @user_app.command("remove")
@@ -132,7 +208,7 @@ def policy_set(path: str = typer.Argument(..., help="a YAML file holding one `re
     """Record the release policy in force (admin); ledgered with the values it holds."""
     from pathlib import Path
 
-    from registry.config import set_policy
+    from registry.identities import set_policy
 
     entry = set_policy(_actor("manage_policy"), Path(path))
     _out(entry.as_dict(), as_json, _entry_text(entry))
@@ -143,7 +219,7 @@ def policy_show(as_json: bool = JsonOpt) -> None:
     """The release policy in force, as the verified ledger records it."""
     import yaml
 
-    from registry.config import release_policy
+    from registry.resolve import release_policy
 
     policy = release_policy().model_dump(mode="json")
     _out(policy, as_json, yaml.safe_dump({"registry": policy}, sort_keys=False).rstrip())
@@ -450,7 +526,7 @@ def canary(model: str, version: str,
     promoted, 1 rolled back, 2 stopped (e.g. promotion refused). The API key for /metrics comes from
     MLOPS_API_KEY."""
     from registry.canary import Limits, metrics_reader, parse_duration, watch
-    from registry.config import release_policy
+    from registry.resolve import release_policy
 
     actor = _actor("promote")
     policy = release_policy().canary

@@ -1,4 +1,4 @@
-"""The `registry:` config section: the release policy for the human spot-check, the shadow test and the canary.
+"""Layer 2 (pure): the `registry:` config section: the release policy for the human spot-check, the shadow test and the canary.
 
 The policy in force lives in the governed store: the newest `policy` entry of the ledger's governance stream,
 recorded at `mlops registry bootstrap` (from `configs/registry/release.yaml` under the project home, or the
@@ -39,6 +39,8 @@ class ShadowPolicy(StrictModel):
 
 
 class CanaryPolicy(StrictModel):
+    max_share: float = Field(0.25, gt=0, le=0.5, description="largest share of traffic a canary may take")
+    max_seconds: float = Field(86400.0, gt=0, le=7 * 86400, description="longest a canary may run (seconds)")
     max_error_rate: float = Field(0.02, ge=0, le=1, description="canary 5xx share that rolls it back")
     max_p95_ratio: float = Field(1.5, gt=0, description="canary p95 latency over the champion's that rolls it back")
     min_requests: int = Field(20, ge=1, description="requests each version must have served before it is judged")
@@ -80,7 +82,7 @@ def project_policy() -> dict:
 
 
 def recorded_policy(entries) -> dict | None:
-    from registry.identities import GOVERNANCE
+    from registry.entries import GOVERNANCE
 
     found = [e for e in entries if e.model == GOVERNANCE and e.action == "policy"]
     return found[-1].evidence.get("policy") if found else None
@@ -88,13 +90,6 @@ def recorded_policy(entries) -> dict | None:
 
 def policy_of(recorded: dict | None) -> RegistryConfig:
     return RegistryConfig.model_validate(recorded or {})
-
-
-def release_policy(url: str | None = None) -> RegistryConfig:
-    """The release policy in force: the verified ledger's newest recorded policy."""
-    from registry.ledger import verified
-
-    return policy_of(recorded_policy(verified(url).entries))
 
 
 def policy_file_conflict(recorded: dict | None) -> str | None:
@@ -109,21 +104,3 @@ def policy_file_conflict(recorded: dict | None) -> str | None:
             "which rules this act should follow. Nothing was changed. Fix: an admin records the file with "
             f"`mlops registry policy set {path}` (ledgered), or restore the file to the recorded policy "
             "(`mlops registry policy show`).")
-
-
-def set_policy(actor, path: Path, *, url: str | None = None):
-    """Record a policy file as the policy in force (admin); ledgered with the values it holds."""
-    from mlops.identities import require
-    from registry.identities import GOVERNANCE
-    from registry.transition import Plan, RefusedError, run
-
-    require(actor, "manage_policy")
-    policy = read_policy_file(Path(path)).model_dump(mode="json")
-
-    def plan_for(state):
-        if policy_of(state.policy).model_dump(mode="json") == policy:
-            raise RefusedError("that policy is already the one in force; nothing was changed.")
-        return Plan(entries=[dict(actor=actor.name, action="policy", model=GOVERNANCE,
-                                  reason=f"policy from {Path(path).name}", evidence={"policy": policy})])
-
-    return run(GOVERNANCE, plan_for, url=url)[0]

@@ -1,46 +1,25 @@
-"""Identities in the governed store: the registry's ledger, verified before it is believed.
+"""Layer 4 (acts): identities, their keys and the release policy, as signed acts in the governance stream.
 
-An identity (name, role, argon2id password hash) is whatever the newest verified `user_add` / `user_update`
-entry of the governance stream says. Adding a user or changing a role is a ledgered admin act; a user may change
-their own password. The first admin is created once, by `mlops registry bootstrap`, which also creates the
-registry's key and records the release policy in force. Nothing in the caller's environment names another source:
-there is no identities file to point at.
+An identity is a name, a role and an Ed25519 public key, as the newest verified `bootstrap` / `user_add` /
+`user_update` entry says (`registry.rules` replays them). Its private key lives in the person's own key file,
+sealed under their passphrase (`registry.signing`); signing in means unlocking that file and finding its public key
+in the ledger, so a name alone never acts and a revoked or rotated key acts no more.
+
+- `bootstrap` makes the first admin's key and pins its fingerprint on this machine: the trust root that every
+  consumer configures (`MLOPS_TRUST_ROOT`).
+- `add_user` records a public key: one the person made themselves (`mlops registry key new`, the private half
+  never leaves their machine), or a new key the admin seals under a first passphrase and hands over.
+- `set_password` (`user passwd`) issues a new key: a person rotates their own, an admin re-keys anyone (a lost
+  passphrase, a suspected leak). `remove_user` revokes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pathlib import Path
 
 from mlops.identities import AuthError, Identity, check_name, check_password, check_role, require
-from registry.transition import RefusedError
-
-GOVERNANCE = "(registry)"  # the ledger's governance stream: identities and the release policy, no model
-USER_ACTIONS = ("bootstrap", "user_add", "user_update", "user_remove")
-
-
-@dataclass(frozen=True)
-class User:
-    name: str
-    role: str
-    password_hash: str
-
-
-def users_in(entries) -> dict[str, User]:
-    """Every identity the governance entries define, as of the newest one."""
-    found: dict[str, User] = {}
-    for e in entries:
-        if e.model == GOVERNANCE and e.action == "user_remove":
-            found.pop(e.evidence["name"], None)
-        elif e.model == GOVERNANCE and e.action in USER_ACTIONS:
-            ev = e.evidence
-            found[ev["name"]] = User(ev["name"], ev["role"], ev["password_hash"])
-    return found
-
-
-def _hasher():
-    from argon2 import PasswordHasher
-
-    return PasswordHasher()
+from registry.entries import GOVERNANCE  # noqa: F401 - where the governance stream's name is spelled
+from registry.rules import RefusedError, User, users_in  # noqa: F401 - User: what user_of returns
 
 
 def list_users(url: str | None = None) -> list[Identity]:
@@ -56,116 +35,139 @@ def user_of(name: str, url: str | None = None) -> User | None:
 
 
 def authenticate(name: str | None, password: str | None, url: str | None = None) -> Identity:
-    """The identity for a name and password; AuthError (same message for unknown user and wrong password)."""
-    from argon2.exceptions import InvalidHashError, VerificationError
-
+    """The identity whose key file `password` unlocks, with its signer; AuthError (one message for an unknown
+    user, a wrong passphrase, and a key the ledger no longer names)."""
     from mlops.identities import PASSWORD_ENV, USER_ENV
+    from registry.ledger import verified
+    from registry.signing import KeyFileError, unlock, user_key_path
 
     if not name:
-        raise AuthError(f"no identity given. Fix: set {USER_ENV} and {PASSWORD_ENV} (users are listed by "
-                        "`mlops registry user list`).")
-    user = user_of(name, url)
-    refused = AuthError(f"authentication failed for '{name}': unknown user or wrong password. Fix: check "
-                        f"{USER_ENV} and {PASSWORD_ENV}, or ask an admin to reset it with `mlops registry user "
-                        f"passwd {name}`.")
+        raise AuthError(f"no identity given. Fix: set {USER_ENV} and {PASSWORD_ENV} (the passphrase of your key "
+                        "file; users are listed by `mlops registry user list`).")
+    chain = verified(url)
+    user = users_in(chain.entries).get(name)
+    refused = AuthError(f"authentication failed for '{name}': unknown user or wrong password (the passphrase of "
+                        f"your key file; or a key the registry no longer names). Fix: check {USER_ENV} and "
+                        f"{PASSWORD_ENV} (and MLOPS_KEY_FILE), or ask an admin for a new key with `mlops registry "
+                        f"user passwd {name}`.")
     if user is None or not password:
         raise refused
     try:
-        _hasher().verify(user.password_hash, password)
-    except (VerificationError, InvalidHashError):
+        signer = unlock(user_key_path(chain.registry_id, name), password)
+    except KeyFileError:
         raise refused from None
-    return Identity(name, user.role)
+    if signer.name != name or signer.public_key != user.public_key:
+        raise refused
+    return Identity(name, user.role, signer=signer)
 
 
-# --------------------------------------------------------------------------- ledgered acts
+def issue_key(registry_id: str, name: str, passphrase: str, *, public_key: str | None = None) -> str:
+    """The public key to record for `name`: the one given (the person keeps the private half), else a new key
+    sealed under `passphrase` into their key file on this machine."""
+    from registry.signing import new_signer, user_key_path, write_key_file
+
+    if public_key:
+        if len(public_key) != 64 or any(c not in "0123456789abcdef" for c in public_key):
+            raise RefusedError(f"--public-key '{public_key[:80]}' is not an Ed25519 public key (64 hex characters). "
+                               "Fix: pass what `mlops registry key new` printed.")
+        return public_key
+    check_password(passphrase)
+    signer = new_signer(name)
+    write_key_file(user_key_path(registry_id, name), signer, registry_id, passphrase)
+    return signer.public_key
+
+
+# --------------------------------------------------------------------------- signed acts
 
 
 def bootstrap(admin: str, password: str, *, policy: dict, url: str | None = None) -> list:
-    """Create the registry in an empty store: tables, key, the first admin and the release policy in force."""
+    """Create the registry in an empty store: tables, the first admin's key (the pinned trust root on this
+    machine), the admin and the release policy in force."""
     from registry.ledger import create_registry, ledger_url
-    from registry.transition import run
+    from registry.signing import fingerprint, unlock, user_key_path
+    from registry.spotcheck_store import create_tables
+    from registry.transition import Plan, run
+    from registry.trust import pin_root
 
     check_name(admin)
     check_password(password)
     db = ledger_url(url)
-    create_registry(db)
-    from registry.spotcheck_store import create_tables
-
+    registry_id = create_registry(db)
     create_tables(db)
-    digest = _hasher().hash(password)
+    public = issue_key(registry_id, admin, password)
+    pin_root(registry_id, fingerprint(public))
+    actor = Identity(admin, "admin", signer=unlock(user_key_path(registry_id, admin), password))
 
     def plan_for(state):
-        from registry.transition import Plan
-
         return Plan(entries=[
             dict(actor=admin, action="bootstrap", model=GOVERNANCE, reason="the registry's first admin",
-                 evidence={"name": admin, "role": "admin", "password_hash": digest}),
+                 evidence={"name": admin, "role": "admin", "public_key": public}),
             dict(actor=admin, action="policy", model=GOVERNANCE, reason="the release policy at bootstrap",
                  evidence={"policy": policy}),
         ])
 
-    return run(GOVERNANCE, plan_for, url=db)
+    return run(GOVERNANCE, plan_for, url=db, actor=actor)
 
 
-def add_user(actor: Identity, name: str, role: str, password: str, *, url: str | None = None):
+def add_user(actor: Identity, name: str, role: str, password: str | None, *, public_key: str | None = None,
+             url: str | None = None):
+    from registry.ledger import verified
     from registry.transition import Plan, run
 
     require(actor, "manage_users")
     check_name(name)
     check_role(role)
-    check_password(password)
-    digest = _hasher().hash(password)
+    chain = verified(url)
+    if name in users_in(chain.entries):
+        raise RefusedError(f"user '{name}' already exists. Fix: use `mlops registry user passwd {name}`.")
+    public = issue_key(chain.registry_id, name, password or "", public_key=public_key)
 
     def plan_for(state):
-        _still_admin(state, actor)
         if name in state.users:
             raise RefusedError(f"user '{name}' already exists. Fix: use `mlops registry user passwd {name}`.")
         return Plan(entries=[dict(actor=actor.name, action="user_add", model=GOVERNANCE, reason=f"added {name}",
-                                  evidence={"name": name, "role": role, "password_hash": digest})])
+                                  evidence={"name": name, "role": role, "public_key": public})])
 
-    return run(GOVERNANCE, plan_for, url=url)[0]
+    return run(GOVERNANCE, plan_for, url=url, actor=actor)[0]
 
 
-def set_password(actor: Identity, name: str, password: str, *, role: str | None = None, url: str | None = None):
-    """Change a password (one's own, or anyone's as an admin) and, as an admin, a role; ledgered."""
+def set_password(actor: Identity, name: str, password: str | None, *, role: str | None = None,
+                 public_key: str | None = None, url: str | None = None):
+    """Issue `name` a new key (one's own rotation, or anyone's as an admin) and, as an admin, a role; signed."""
     from mlops.errors import NotFoundError, did_you_mean
+    from registry.ledger import verified
     from registry.transition import Plan, run
 
     if actor.name != name or role is not None:
         require(actor, "manage_users")
-    check_password(password)
     if role is not None:
         check_role(role)
-    digest = _hasher().hash(password)
-    changed: list[Identity] = []
+    chain = verified(url)
+    user = users_in(chain.entries).get(name)
+    if user is None:
+        raise NotFoundError(f"user '{name}' does not exist: {did_you_mean(name, users_in(chain.entries))}. "
+                            f"Fix: add it with `mlops registry user add {name} --role ...`.")
+    new_role = role or user.role
+    public = issue_key(chain.registry_id, name, password or "", public_key=public_key)
+    what = "new key" + (f", role {user.role} -> {new_role}" if new_role != user.role else "")
 
     def plan_for(state):
-        if actor.name != name or role is not None:
-            _still_admin(state, actor)
-        user = state.users.get(name)
-        if user is None:
-            raise NotFoundError(f"user '{name}' does not exist: {did_you_mean(name, state.users)}. "
-                                f"Fix: add it with `mlops registry user add {name} --role ...`.")
-        new_role = role or user.role
-        what = "password changed" + (f", role {user.role} -> {new_role}" if new_role != user.role else "")
-        changed[:] = [Identity(name, new_role)]
-        return Plan(entries=[dict(actor=actor.name, action="user_update", model=GOVERNANCE,
-                                  reason=f"{name}: {what}",
-                                  evidence={"name": name, "role": new_role, "password_hash": digest})])
+        return Plan(entries=[dict(actor=actor.name, action="user_update", model=GOVERNANCE, reason=f"{name}: {what}",
+                                  evidence={"name": name, "role": new_role, "public_key": public})])
 
-    run(GOVERNANCE, plan_for, url=url)
-    return changed[0]
+    run(GOVERNANCE, plan_for, url=url, actor=actor)
+    return Identity(name, new_role)
 
 
 def remove_user(actor: Identity, name: str, *, url: str | None = None):
-    """Revoke an identity (admin); ledgered. Sessions and API sign-ins of that name end at their next check."""
+    """Revoke an identity and its key (admin); signed. Sessions and API sign-ins of that name end at their next
+    check."""
     from mlops.errors import NotFoundError, did_you_mean
     from registry.transition import Plan, run
 
     require(actor, "manage_users")
 
     def plan_for(state):
-        _still_admin(state, actor)
         if name not in state.users:
             raise NotFoundError(f"user '{name}' does not exist: {did_you_mean(name, state.users)}.")
         if name == actor.name:
@@ -173,11 +175,21 @@ def remove_user(actor: Identity, name: str, *, url: str | None = None):
         return Plan(entries=[dict(actor=actor.name, action="user_remove", model=GOVERNANCE, reason=f"removed {name}",
                                   evidence={"name": name})])
 
-    return run(GOVERNANCE, plan_for, url=url)[0]
+    return run(GOVERNANCE, plan_for, url=url, actor=actor)[0]
 
 
-def _still_admin(state, actor: Identity) -> None:
-    """The role is re-read from the ledger under the write lock: a demoted admin's session acts no more."""
-    user = state.users.get(actor.name)
-    if user is None or user.role != "admin":
-        raise AuthError(f"'{actor.name}' is no admin in the registry now. Fix: act as an admin.")
+def set_policy(actor: Identity, path: Path, *, url: str | None = None):
+    """Record a policy file as the policy in force (admin); signed, with the values it holds."""
+    from registry.config import policy_of, read_policy_file
+    from registry.transition import Plan, run
+
+    require(actor, "manage_policy")
+    policy = read_policy_file(Path(path)).model_dump(mode="json")
+
+    def plan_for(state):
+        if policy_of(state.policy).model_dump(mode="json") == policy:
+            raise RefusedError("that policy is already the one in force; nothing was changed.")
+        return Plan(entries=[dict(actor=actor.name, action="policy", model=GOVERNANCE,
+                                  reason=f"policy from {Path(path).name}", evidence={"policy": policy})])
+
+    return run(GOVERNANCE, plan_for, url=url, actor=actor)[0]

@@ -1,40 +1,84 @@
-"""Before a version goes back into production: its artifacts exist and are the bytes that were registered."""
+"""Layer 4 (acts' helpers): the bytes a version is, bound to the ledger.
+
+Registration records a digest manifest of the whole model folder (weights, tokenizer, config, chat template and
+deployment profile) in the registrar's signed entry. Every consumer that loads a registered version (serve,
+`--follow`, shadow, canary, eval, spot-check, rollback) has `verify_files` compare the folder it is about to load
+with that manifest, every time, cached copies included: MLflow's `source`, tags and artifact store can be written
+by anyone with MLflow access, the signed ledger cannot. A mismatch names the file and refuses the load.
+"""
 
 from __future__ import annotations
 
-import functools
+from pathlib import Path
 
-from mlops.errors import NotFoundError
+from mlops.errors import MLOpsError, NotFoundError
 from mlops.lineage import Tag
-from registry.transition import RefusedError
+from registry.rules import RefusedError
+
+
+class TamperedArtifact(MLOpsError):
+    """The files at hand are not the bytes the ledger's signed registration names."""
+
+
+def manifest_of(folder: Path) -> dict:
+    """The registration evidence for a model folder: every file's sha256 and the digest of that list."""
+    from mlops.files import file_manifest
+    from registry.entries import digest_of
+
+    files = file_manifest(folder)
+    return {"files": files, "files_digest": digest_of(files)}
+
+
+def manifest_problems(expected: dict[str, str], actual: dict[str, str]) -> list[str]:
+    problems = [f"{name} is missing" for name in sorted(set(expected) - set(actual))]
+    problems += [f"{name} was added" for name in sorted(set(actual) - set(expected))]
+    problems += [f"{name} has sha256 {actual[name][:12]}, the ledger names {expected[name][:12]}"
+                 for name in sorted(set(expected) & set(actual)) if expected[name] != actual[name]]
+    return problems
+
+
+def verify_files(model: str, version: str, folder: Path, *, url: str | None = None) -> None:
+    """Refuse `folder` unless its files are exactly what the ledger's registration of model/version names."""
+    from registry.ledger import NoRegistry
+    from registry.resolve import verified_state
+
+    try:
+        state = verified_state(model, url=url)
+    except NoRegistry:
+        return  # no registry in this store: nothing was ever promised about these bytes
+    vs = state.versions.get(str(version))
+    if vs is None:
+        raise TamperedArtifact(f"version {version} of '{model}' is not in the registry's ledger, so its files cannot "
+                               "be checked against a signed registration and are not loaded. Fix: register the run "
+                               f"with `mlops registry register --run <run_id> --name {model}` and use that version.")
+    bad = manifest_problems(vs.evidence.get("files") or {}, manifest_of(Path(folder))["files"])
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise TamperedArtifact(f"version {version} of '{model}' at {folder} is not what its signed registration "
+                               f"names: {bad[0]}{more} (the artifacts were altered). Nothing was loaded; a running server stays on its last "
+                               "verified version. Fix: restore the artifact store from a backup, or register "
+                               "and release a new version.")
 
 
 def check_artifacts(model: str, version_state) -> dict:
-    """The model's files hash to the content id recorded at registration, and its checkpoint manifest is there.
+    """Before a rollback: the version's files are the registered bytes and its checkpoint manifest is there.
 
     Returns what was checked; raises RefusedError naming what is missing or altered.
     """
-    from mlops.model_refs import ModelDescription, materialize, model_content_id
+    from mlops.model_refs import resolve_model_ref
     from mlops.run_store import load_run_json
-    from mlops.tracking import tracking_uri
 
     version = version_state.version
-    ref = f"models:/{model}/{version}"
     try:
-        # The version's files only: its tags and its run's are not needed to hash them (one read, not four).
-        run_id, source = _version_source(tracking_uri(), model, str(version))
-        resolved = materialize(ModelDescription(ref, "version", model, str(version), run_id, source=source))
+        resolved = resolve_model_ref(f"models:/{model}/{version}")  # checks the files against the ledger
+    except TamperedArtifact as err:
+        raise RefusedError(f"version {version} of '{model}' cannot be restored: {err}") from None
     except NotFoundError as err:
         raise RefusedError(f"version {version} of '{model}' cannot be restored: its model artifacts are missing "
                            f"({err}). Nothing was changed. Fix: roll back to another version with --to.") from None
-    expected = version_state.content_id
-    actual = model_content_id(resolved.hf_dir)
-    if expected and actual != expected:
-        raise RefusedError(f"version {version} of '{model}' cannot be restored: its files hash to {actual}, but "
-                           f"{expected} was registered (the artifacts were altered). Nothing was changed. Fix: roll "
-                           "back to another version with --to, and investigate the artifact store.")
     manifest_uri = version_state.evidence.get("lineage", {}).get(Tag.CHECKPOINT_MANIFEST, "")
-    checked = {"content_id": actual, "checkpoint_manifest": manifest_uri}
+    checked = {"content_id": resolved.key, "files_digest": version_state.evidence.get("files_digest"),
+               "checkpoint_manifest": manifest_uri}
     if manifest_uri.startswith("runs:/"):
         run_id, _, path = manifest_uri.removeprefix("runs:/").partition("/")
         try:
@@ -46,14 +90,3 @@ def check_artifacts(model: str, version_state) -> dict:
         checked["checkpoint_step"] = manifest.get("step")
         checked["checkpoint_files"] = len(manifest.get("files", {}))
     return checked
-
-
-@functools.lru_cache(maxsize=1024)
-def _version_source(store: str, model: str, version: str) -> tuple[str, str]:
-    """(run id, source) of a model version: MLflow never changes either once the version exists, so they are read
-    once per process; the files they point to are hashed on every check."""
-    from mlops.tracking import call, client
-
-    mv = call(f"model version {model}/{version}", client().get_model_version, model, version,
-              missing=f"model version {model}/{version} does not exist")
-    return mv.run_id, mv.source

@@ -1,12 +1,13 @@
-"""The release ledger: append-only, keyed hash chain, in the MLflow backend's database but in tables of its own.
+"""Layer 3 (storage): the release ledger, an append-only signed hash chain in tables of its own.
 
-Every registration, request, approval, rejection, transition, override, rollback, reconcile and governance act
-(identities, release policy) is one entry: who, when (UTC), model, version, stage from -> to, alias before ->
-after, evidence refs, reason. Each entry's hash is an HMAC under the registry's key (`registry.keys`, a file the
-database does not hold) over its fields and the hash of the entry before it; a one-row head table holds the newest
-hash, and each machine's anchor file remembers the newest head it verified. So an edited (even with its hash
-"recomputed"), inserted, deleted or cut-off entry breaks the chain where it happened, and `verified()`, which
-every read that decides something goes through, refuses it naming the first bad entry.
+Every registration, request, approval, rejection, transition, override, rollback, reconcile, package and
+governance act (identities, keys, release policy) is one entry: who, when (UTC), model, version, stage from -> to,
+alias before -> after, evidence, reason. Each entry's hash covers its fields and the hash before it
+(`registry.entries`), and the acting person's own Ed25519 key signs it (`registry.signing`). A verifier holds only
+public keys and the pinned root (`registry.trust`), and replays every rule on every entry (`registry.rules`). So an
+edited, inserted, deleted or cut-off entry, an entry signed by a key that is not its actor's, and a validly signed
+entry that breaks a rule all stop `verified()`, which every read that decides something goes through, naming the
+first bad entry.
 
 Tables (`mlops_ledger`, `mlops_ledger_head`, `mlops_registry`) are created once by `mlops registry bootstrap`,
 never inside MLflow's schema or migrations, and never by a read.
@@ -22,15 +23,15 @@ import os
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from mlops.errors import MLOpsError, NotFoundError
+from registry.entries import FIELDS, GENESIS, Entry, canonical, entry_hash  # noqa: F401 - the ledger's vocabulary
+from registry.rules import RefusedError, World, advance, problem, signature_problem
+from registry.signing import Signer, statement
 
 DB_ENV = "MLOPS_REGISTRY_DB"
-GENESIS = "0" * 64
-FIELDS = ("seq", "ts", "actor", "action", "model", "version", "from_stage", "to_stage", "alias", "alias_before",
-          "alias_after", "evidence", "reason", "prev_hash")
 BOOTSTRAP_FIX = "Fix: the first admin creates the registry once with `mlops registry bootstrap --admin <name>`."
 
 
@@ -51,44 +52,6 @@ class LedgerBroken(MLOpsError):
         super().__init__(f"the release ledger does not verify: {problems[0]}{more}. Nothing was changed and no "
                          "release decision is taken from it. Fix: restore the ledger database from a backup (or "
                          "investigate who wrote it); serving stays on the last verified version.")
-
-
-@dataclass(frozen=True)
-class Entry:
-    seq: int
-    ts: str
-    actor: str
-    action: str
-    model: str
-    version: str | None = None
-    from_stage: str | None = None
-    to_stage: str | None = None
-    alias: str | None = None
-    alias_before: str | None = None
-    alias_after: str | None = None
-    evidence: dict = field(default_factory=dict)
-    reason: str | None = None
-    prev_hash: str = GENESIS
-    hash: str = ""
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def as_row(self) -> dict:
-        """Its fields, shallow (the evidence dict is shared, not copied): what hashing and storing read."""
-        return {name: getattr(self, name) for name in (*FIELDS, "hash")}
-
-
-def canonical(values: dict[str, Any]) -> str:
-    body = {k: values.get(k) for k in FIELDS}
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-
-
-def entry_hash(values: dict[str, Any], key: bytes) -> str:
-    """HMAC-SHA256 under the registry's key of the canonical JSON of an entry's fields (its own hash excluded)."""
-    from registry.keys import mac
-
-    return mac(key, canonical(values))
 
 
 def utc_now() -> str:
@@ -250,6 +213,7 @@ def _tables():
         sa.Column("reason", sa.Text),
         sa.Column("prev_hash", sa.String(64), nullable=False),
         sa.Column("hash", sa.String(64), nullable=False),
+        sa.Column("signature", sa.String(128)),  # an unsigned row is refused by every verifier
     )
     head = sa.Table(
         "mlops_ledger_head", meta,
@@ -270,10 +234,8 @@ META, LEDGER, HEAD, REGISTRY = _tables()
 
 
 def create_registry(url: str | None = None) -> str:
-    """The tables, the registry's id and its key (bootstrap only); refuses a store that has a registry."""
+    """The tables and the registry's id (bootstrap only); refuses a store that has a registry."""
     import sqlalchemy as sa
-
-    from registry.keys import create_key
 
     url = ledger_url(url)
     eng = engine(url, create=True)
@@ -287,72 +249,79 @@ def create_registry(url: str | None = None) -> str:
         except sa.exc.IntegrityError:
             raise MLOpsError(f"the store {display(url)} already holds a registry: it is bootstrapped once. Fix: "
                              "act as its admin (`mlops registry user add ...`).") from None
-    create_key(registry_id)
     return registry_id
 
 
 @dataclass
 class Chain:
-    """A verified view of the whole ledger (or a write transaction's view of it)."""
+    """A verified view of the whole ledger (or a write transaction's view of it), with the world it replays to."""
 
     registry_id: str
-    key: bytes
+    root: str
     entries: list[Entry]
     head_seq: int
     head_hash: str
+    world: World | None = field(default=None, repr=False)
 
     def of(self, model: str) -> list[Entry]:
         return [e for e in self.entries if e.model == model]
 
 
-def read_chain(conn, url: str, *, for_update: bool = False) -> Chain:
+def registry_id_of(conn, url: str) -> str:
     import sqlalchemy as sa
 
-    from registry.keys import load_key
+    from registry.trust import check_registry_id
 
     found = conn.execute(sa.select(REGISTRY.c.registry_id).where(REGISTRY.c.id == 1)).first()
     if found is None:
         raise NoRegistry(f"the store {display(url)} holds no release registry. {BOOTSTRAP_FIX}")
-    registry_id = found[0]
-    key = load_key(registry_id, display(url))
+    return check_registry_id(found[0], display(url))
+
+
+def read_chain(conn, url: str, *, for_update: bool = False) -> Chain:
+    import sqlalchemy as sa
+
+    from registry.trust import pinned_root
+
+    registry_id = registry_id_of(conn, url)
+    root = pinned_root(registry_id, display(url))
     query = sa.select(HEAD.c.seq, HEAD.c.hash).where(HEAD.c.id == 1)
     if for_update and conn.dialect.name == "postgresql":
         query = query.with_for_update()
     seq, head_hash = conn.execute(query).one()
-    rows = conn.execute(sa.select(LEDGER).order_by(LEDGER.c.seq)).all()
-    return Chain(registry_id, key, [_known_entry(key, tuple(r)) for r in rows], seq, head_hash)
+    rows = conn.execute(sa.select(LEDGER).order_by(LEDGER.c.seq)).mappings().all()
+    return Chain(registry_id, root, [_entry(r) for r in rows], seq, head_hash)
 
 
-# Rows whose keyed hash this process has already checked, exactly as stored (every column), under that key: an
-# act re-reads the whole chain but recomputes only the HMACs of rows it has not seen byte for byte. An edited row
-# is a different tuple and is checked again.
-_CHECKED: dict[tuple, Entry] = {}
-_TRUSTED: dict[int, bytes] = {}  # id() of each Entry in _CHECKED (kept alive there) -> the key it verified under
-_CHECKED_MAX = 200_000
+# The world after the longest prefix this process audited (signatures and rules), keyed by registry and root: a
+# read re-checks every hash and link (cheap), then audits only the entries after that prefix. The hash chain makes
+# a prefix with the same last hash the same entries, byte for byte.
+_AUDITED: dict[tuple[str, str], tuple[int, str, World]] = {}
 
 
-def _known_entry(key: bytes, raw: tuple) -> Entry:
-    cached = _CHECKED.get((key, raw))
-    if cached is not None:
-        return cached
-    entry = _entry(dict(zip(LEDGER.columns.keys(), raw, strict=True)))
-    if _hash_matches(entry, key):
-        if len(_CHECKED) >= _CHECKED_MAX:
-            _CHECKED.clear()
-            _TRUSTED.clear()
-        _CHECKED[(key, raw)] = entry
-        _TRUSTED[id(entry)] = key
-    return entry
-
-
-def _hash_matches(entry: Entry, key: bytes) -> bool:
-    from registry.keys import same
-
-    return _TRUSTED.get(id(entry)) == key or same(entry_hash(entry.as_row(), key), entry.hash)
+def audited(chain: Chain) -> list[str]:
+    """Signatures and rules of every entry; sets `chain.world` (the state after them) when they all hold."""
+    key = (chain.registry_id, chain.root)
+    n, last, world = _AUDITED.get(key, (0, GENESIS, None))
+    if world is None or n > len(chain.entries) or (n and chain.entries[n - 1].hash != last):
+        n, world = 0, World()
+    problems = []
+    for e in chain.entries[n:]:
+        bad = signature_problem(world, e, chain.registry_id, chain.root) or problem(world, e)
+        if bad:
+            problems.append(f"entry {e.seq} ({e.action} {e.model} v{e.version} by {e.actor}): {bad}")
+        advance(world, e)
+    if problems:
+        _AUDITED.pop(key, None)
+        return problems
+    if chain.entries:
+        _AUDITED[key] = (len(chain.entries), chain.entries[-1].hash, world)
+    chain.world = world
+    return []
 
 
 def verified(url: str | None = None) -> Chain:
-    """The whole ledger, verified (keyed hashes, links, head, this machine's anchor); raises LedgerBroken."""
+    """The whole ledger, verified (hashes, links, head, pinned head and anchor, signatures, every rule)."""
     url = ledger_url(url)
     with db_errors(url), reader(url).connect() as conn:
         chain = read_chain(conn, url)
@@ -360,11 +329,18 @@ def verified(url: str | None = None) -> Chain:
     return chain
 
 
-def check(chain: Chain) -> None:
-    from registry.keys import advance_anchor, read_anchor
+def problems_of(chain: Chain) -> list[str]:
+    from registry.trust import pinned_head, read_anchor
 
-    problems = chain_problems(chain.entries, chain.head_seq, chain.head_hash, chain.key,
-                              read_anchor(chain.registry_id))
+    problems = chain_problems(chain.entries, chain.head_seq, chain.head_hash, read_anchor(chain.registry_id),
+                              pinned_head())
+    return problems or audited(chain)
+
+
+def check(chain: Chain) -> None:
+    from registry.trust import advance_anchor
+
+    problems = problems_of(chain)
     if problems:
         raise LedgerBroken(problems)
     advance_anchor(chain.registry_id, chain.head_seq, chain.head_hash)
@@ -377,41 +353,56 @@ def locked(url: str | None = None, *, known: Chain | None = None):
 
     `known`: a chain verified just before under the act lock; when the head is still its head, its entries are
     used as they are (nothing can have been appended in between), else the whole chain is read and verified."""
+    import copy
+
     import sqlalchemy as sa
 
-    from registry.keys import advance_anchor
+    from registry.trust import advance_anchor
 
     url = ledger_url(url)
     eng = engine(url)
     with db_errors(url, "write"), eng.begin() as conn:
         chain = None
-        if known is not None:
+        if known is not None and known.world is not None:
             query = sa.select(HEAD.c.seq, HEAD.c.hash).where(HEAD.c.id == 1)
             if conn.dialect.name == "postgresql":
                 query = query.with_for_update()
             if tuple(conn.execute(query).one()) == (known.head_seq, known.head_hash):
-                chain = Chain(known.registry_id, known.key, list(known.entries), known.head_seq, known.head_hash)
+                chain = Chain(known.registry_id, known.root, list(known.entries), known.head_seq, known.head_hash,
+                              known.world)
         if chain is None:
             chain = read_chain(conn, url, for_update=True)
             check(chain)
+        chain.world = copy.deepcopy(chain.world)  # the act's own: a rolled-back append never reaches the cache
         chain.conn = conn
         yield chain
     advance_anchor(chain.registry_id, chain.head_seq, chain.head_hash)
 
 
-def append(chain: Chain, **values: Any) -> Entry:
-    """Append one entry inside a `locked()` transaction; returns it with its hash."""
+def append(chain: Chain, signer: Signer, **values: Any) -> Entry:
+    """Sign and append one entry inside a `locked()` transaction, after the rules every verifier replays accept
+    it (RefusedError otherwise: nothing is written). Returns it with its hash and signature."""
     evidence = values.pop("evidence", None) or {}
     row = {k: values.get(k) for k in FIELDS if k not in ("seq", "prev_hash", "evidence")}
     row.update(seq=chain.head_seq + 1, prev_hash=chain.head_hash, ts=values.get("ts") or utc_now(),
                evidence=json.loads(json.dumps(evidence, default=str)))
     row["version"] = None if row.get("version") is None else str(row["version"])
-    digest = entry_hash(row, chain.key)
+    if signer is None or row.get("actor") != signer.name:
+        raise RefusedError(f"an entry in the name of '{row.get('actor')}' can only be signed with their own key, "
+                           f"not {signer!r}. Nothing was changed.")
+    digest = entry_hash(row)
+    entry = Entry(**{**row, "hash": digest, "signature": signer.sign(statement(chain.registry_id, digest))})
+    world = chain.world if chain.world is not None else World()
+    bad = signature_problem(world, entry, chain.registry_id, chain.root) or problem(world, entry)
+    if bad:
+        raise RefusedError(f"the registry's rules refuse this {entry.action} of '{entry.model}' by "
+                           f"{entry.actor}: {bad}. Nothing was changed.")
     conn = chain.conn
     conn.execute(LEDGER.insert().values(**{**row, "evidence": json.dumps(row["evidence"], sort_keys=True)},
-                                        hash=digest))
+                                        hash=digest, signature=entry.signature))
     conn.execute(HEAD.update().where(HEAD.c.id == 1).values(seq=row["seq"], hash=digest))
-    entry = Entry(**{**row, "hash": digest})
+    advance(world, entry)
+    chain.world = world
     chain.entries.append(entry)
     chain.head_seq, chain.head_hash = entry.seq, digest
     return entry
@@ -433,15 +424,14 @@ def entries(model: str | None = None, url: str | None = None) -> list[Entry]:
 def _entry(row) -> Entry:
     data = dict(row)
     data["evidence"] = json.loads(data["evidence"]) if data.get("evidence") else {}
+    data["signature"] = data.get("signature") or ""
     return Entry(**data)
 
 
-def chain_problems(all_entries: list[Entry], head_seq: int, head_hash: str, key: bytes,
-                   anchor: tuple[int, str] | None = None) -> list[str]:
+def chain_problems(all_entries: list[Entry], head_seq: int, head_hash: str,
+                   anchor: tuple[int, str] | None = None, pinned: tuple[int, str] | None = None) -> list[str]:
     """Where the chain breaks: an edited entry, a gap (deleted or inserted), a head that disagrees, or an end
-    before the newest head this machine verified (entries cut off)."""
-    from registry.keys import same
-
+    before a head this machine verified or was told to trust (entries cut off, history rewritten)."""
     problems = []
     prev = GENESIS
     expected_seq = 1
@@ -452,21 +442,22 @@ def chain_problems(all_entries: list[Entry], head_seq: int, head_hash: str, key:
         if e.prev_hash != prev:
             problems.append(f"entry {e.seq}: its prev_hash does not match entry {e.seq - 1}'s hash "
                             "(an entry before it was edited, deleted or inserted)")
-        if not _hash_matches(e, key):
+        if entry_hash(e.as_row()) != e.hash:
             problems.append(f"entry {e.seq} ({e.action} {e.model} v{e.version} by {e.actor}): its content does not "
-                            "match its keyed hash (it was edited or forged)")
+                            "match its hash (it was edited or forged)")
         prev = e.hash
         expected_seq += 1
     last_seq = all_entries[-1].seq if all_entries else 0
     if (last_seq, prev) != (head_seq, head_hash):
         problems.append(f"the ledger ends at entry {last_seq} but its head records entry {head_seq}: entries after "
                         f"{last_seq} were deleted, or the head was edited")
-    if anchor is not None:
-        seen_seq, seen_hash = anchor
+    for seen, where in ((anchor, "this machine verified"), (pinned, "the deployment pins (MLOPS_TRUST_HEAD)")):
+        if not seen or not seen[0]:
+            continue
+        seen_seq, seen_hash = seen
         if seen_seq > last_seq:
-            problems.append(f"the ledger ends at entry {last_seq}, but this machine verified entry {seen_seq} "
-                            "before: entries were cut off its end (or the ledger was wiped)")
-        elif seen_seq and not same(all_entries[seen_seq - 1].hash if seen_seq <= len(all_entries) else "",
-                                   seen_hash):
-            problems.append(f"entry {seen_seq} is not the one this machine verified before: history was rewritten")
+            problems.append(f"the ledger ends at entry {last_seq}, but {where} entry {seen_seq}: entries were cut "
+                            "off its end (or the ledger was wiped)")
+        elif {e.seq: e.hash for e in all_entries}.get(seen_seq) != seen_hash:
+            problems.append(f"entry {seen_seq} is not the one {where}: history was rewritten")
     return problems

@@ -77,7 +77,8 @@ def register(actor: Identity, run_id: str, name: str, *, url: str | None = None,
                            "a tracked `mlops data build`.")
     evidence = {"run_id": run_id, "content_id": tags[Tag.MODEL_ID], "profile_hash": tags[Tag.PROFILE_HASH],
                 "snapshot_id": tags[Tag.SNAPSHOT_ID], "trainer": tags.get(Tag.ACTOR),
-                "lineage": {k: v for k, v in tags.items() if k.startswith("mlops.") and k != Tag.PROFILE}}
+                "lineage": {k: v for k, v in tags.items() if k.startswith("mlops.") and k != Tag.PROFILE},
+                **_hashed_files(run_id, artifact_path, tags[Tag.MODEL_ID])}
     found: list[str] = []
 
     def prepare(state: ModelState) -> None:
@@ -94,8 +95,23 @@ def register(actor: Identity, run_id: str, name: str, *, url: str | None = None,
                                   to_stage="candidate", evidence=evidence, reason=f"from training run {run_id}")],
                     version_tags={version: {STAGE_TAG: "candidate", Tag.ACTOR: actor.name}})
 
-    run(name, plan_for, url=url, prepare=prepare)
+    run(name, plan_for, url=url, actor=actor, prepare=prepare)
     return found[0]
+
+
+def _hashed_files(run_id: str, artifact_path: str, content_id: str) -> dict:
+    """The digest manifest the registrar signs: the run's model folder as it is now, hashed file by file. A run
+    whose files do not hash to the content id it is tagged with is refused (it would register another model)."""
+    from mlops.model_refs import materialize, model_content_id
+    from registry.integrity import manifest_of
+
+    folder = materialize(f"runs:/{run_id}/{artifact_path}").hf_dir
+    actual = model_content_id(folder)
+    if actual != content_id:
+        raise RefusedError(f"run {run_id} is tagged with content id {content_id}, but its model files hash to "
+                           f"{actual}: the tag names another model. Nothing was registered. Fix: register the run "
+                           "that trained these files, or retrain.")
+    return manifest_of(folder)
 
 
 # --------------------------------------------------------------------------- approvals
@@ -113,7 +129,8 @@ def plan_request(actor: Identity, state: ModelState, model: str, version: str, t
 def request(actor: Identity, model: str, version: str, to_stage: str, comment: str, *, url: str | None = None):
     require(actor, "request")
     _need_comment(comment, "request")
-    return run(model, lambda state: plan_request(actor, state, model, version, to_stage, comment), url=url)[0]
+    return run(model, lambda state: plan_request(actor, state, model, version, to_stage, comment),
+               url=url, actor=actor)[0]
 
 
 def plan_decide(actor: Identity, state: ModelState, model: str, version: str, comment: str | None, *,
@@ -142,7 +159,7 @@ def decide(actor: Identity, model: str, version: str, comment: str, *, approve: 
     require(actor, "approve")
     _need_comment(comment, "approve" if approve else "reject")
     return run(model, lambda state: plan_decide(actor, state, model, version, comment, approve=approve),
-               url=url)[0]
+               url=url, actor=actor)[0]
 
 
 def plan_override(actor: Identity, state: ModelState, model: str, version: str, gate: str,
@@ -160,7 +177,8 @@ def plan_override(actor: Identity, state: ModelState, model: str, version: str, 
 def override(actor: Identity, model: str, version: str, gate: str, reason: str, *, url: str | None = None):
     require(actor, "override")
     _need_comment(reason, "override")
-    return run(model, lambda state: plan_override(actor, state, model, version, gate, reason), url=url)[0]
+    return run(model, lambda state: plan_override(actor, state, model, version, gate, reason),
+               url=url, actor=actor)[0]
 
 
 # --------------------------------------------------------------------------- promotion and rollback
@@ -214,7 +232,7 @@ def promote(actor: Identity, model: str, version: str, to_stage: str, *, expect_
     """Move `version` into staging or production (alias and stage), compare-and-set against `expect_version`."""
     require(actor, "promote")
     written = run(model, lambda state: plan_promote(actor, state, model, version, to_stage, done_ok=True,
-                                                    expect_version=expect_version), url=url)
+                                                    expect_version=expect_version), url=url, actor=actor)
     return written[0] if written else _entry_that_moved(model, ALIAS_OF_STAGE[to_stage], str(version), url)
 
 
@@ -267,7 +285,7 @@ def rollback(actor: Identity, model: str, reason: str, *, to_version: str | None
     require(actor, "rollback")
     _need_comment(reason, "rollback")
     return run(model, lambda state: plan_rollback(actor, state, model, reason, to_version=to_version,
-                                                  expect_version=expect_version), url=url)[0]
+                                                  expect_version=expect_version), url=url, actor=actor)[0]
 
 
 def reconcile(actor: Identity, model: str, *, url: str | None = None):
@@ -288,7 +306,7 @@ def reconcile(actor: Identity, model: str, *, url: str | None = None):
                                   evidence={"fixed": problems, "aliases": {a: list(m) for a, m in moves.items()}})],
                     aliases=moves, version_tags=tags)
 
-    return run(model, plan_for, url=url, repairing=True)[0]  # the one act that may start from drift
+    return run(model, plan_for, url=url, actor=actor, repairing=True)[0]  # the one act that may start from drift
 
 
 def _actual_aliases(model: str) -> dict[str, str]:

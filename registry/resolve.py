@@ -17,13 +17,21 @@ GOVERNED = ("production", "staging", "candidate")
 def state_in(model: str, entries, *, until: str | None = None) -> ModelState:
     """A model's state from (already verified) ledger entries, with the governance stream's users and policy."""
     from registry.config import recorded_policy
-    from registry.identities import users_in
+    from registry.rules import users_in
 
     state = replay(model, entries, until=until)
     state.users = users_in(entries)
     state.policy = recorded_policy(entries)
     state.entries = [e for e in entries if e.model == model and (until is None or e.ts <= until)]
     return state
+
+
+def release_policy(url: str | None = None):
+    """The release policy in force: the verified ledger's newest recorded policy."""
+    from registry.config import policy_of, recorded_policy
+    from registry.ledger import verified
+
+    return policy_of(recorded_policy(verified(url).entries))
 
 
 def verified_state(model: str, *, until: str | None = None, url: str | None = None) -> ModelState:
@@ -33,7 +41,7 @@ def verified_state(model: str, *, until: str | None = None, url: str | None = No
 
 
 def known_models(entries) -> list[str]:
-    from registry.identities import GOVERNANCE
+    from registry.entries import GOVERNANCE
 
     return sorted({e.model for e in entries if e.model != GOVERNANCE})
 
@@ -43,7 +51,7 @@ MAX_NAME = 256  # MLflow's and the ledger's column width
 
 def check_model_name(name: str) -> None:
     from mlops.errors import MLOpsError
-    from registry.identities import GOVERNANCE
+    from registry.entries import GOVERNANCE
 
     if not name or not name.strip() or len(name) > MAX_NAME or name == GOVERNANCE or "/" in name or "@" in name:
         shown = name if len(name or "") <= 60 else name[:60] + "..."

@@ -49,7 +49,7 @@ def create(actor: Identity, model: str, version: str, *, n: int | None = None, s
            answer=None, policy=None, url: str | None = None) -> dict:
     """Draw, answer, store and ledger a spot-check of `version` against the current champion."""
     from registry.audit import model_state
-    from registry.config import release_policy
+    from registry.resolve import release_policy
     from registry.spotcheck_sample import draw, sample_digest, served_prompts, suite_folder, suite_prompts
 
     require(actor, "request")
@@ -108,7 +108,7 @@ def create(actor: Identity, model: str, version: str, *, n: int | None = None, s
         return Plan(entries=[dict(actor=actor.name, action="spot_check", model=model, version=version,
                                   reason=f"{len(items)} items drawn for blind human review", evidence=evidence)])
 
-    entry = run(model, plan_for, url=url)[0]
+    entry = run(model, plan_for, url=url, actor=actor)[0]
     store.set_create_seq(check_id, entry.seq, url)
     return summary(check_id, url=url)
 
@@ -275,7 +275,7 @@ def _maybe_complete(reviewer: Identity, check: dict, url: str | None) -> dict:
     entry = dict(actor=reviewer.name, action="spot_check_review", model=check["model"], version=check["version"],
                  reason=f"spot-check {check['check_id']} review {what}: {counts['better']} better, {counts['same']} "
                         f"same, {counts['worse']} worse, {counts['wrong_fact']} wrong fact", evidence=evidence)
-    run(check["model"], lambda _state: Plan(entries=[entry]), url=url)
+    run(check["model"], lambda _state: Plan(entries=[entry]), url=url, actor=reviewer)
     return summary(check["check_id"], url=url)
 
 

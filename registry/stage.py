@@ -11,3 +11,4 @@ def register(stages) -> None:
     # The core asks these without importing the registry: who someone is, and what a governed alias names.
     stages.add_service("authenticate", "registry.identities:authenticate")
     stages.add_service("release_version", "registry.resolve:release_version")
+    stages.add_service("verify_model_files", "registry.integrity:verify_files")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from registry.ledger import Entry
+from registry.entries import Entry
 
 STAGES = ("candidate", "staging", "production", "archived", "rolled_back")
 ALIAS_OF_STAGE = {"staging": "staging", "production": "production"}

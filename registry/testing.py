@@ -20,16 +20,22 @@ ROLES = {"admin": "admin", "tina": "trainer", "alice": "approver", "bob": "appro
 def make_identities() -> dict:
     """A bootstrapped registry (first admin `admin`, the project's release policy) with tina (trainer), alice and
     bob (approvers) and vic (viewer) added by the admin; returns name -> Identity."""
-    from mlops.identities import Identity
     from registry.config import project_policy
     from registry.identities import add_user, bootstrap
 
     bootstrap("admin", PASSWORDS["admin"], policy=project_policy())
-    admin = Identity("admin", "admin")
+    admin = signed_in("admin")
     for name, role in ROLES.items():
         if name != "admin":
             add_user(admin, name, role, PASSWORDS[name])
-    return {name: Identity(name, role) for name, role in ROLES.items()}
+    return {name: signed_in(name) for name in ROLES}
+
+
+def signed_in(name: str):
+    """The identity `name` with their key unlocked, as `MLOPS_USER` + `MLOPS_PASSWORD` would give it."""
+    from mlops.identities import authenticate
+
+    return authenticate(name, PASSWORDS[name])
 
 
 def data_run(experiment: str = "registry-test", snapshot_id: str = "snap-test", *, admitted_failure: bool = False):
@@ -106,12 +112,12 @@ def gate_evidence(model: str, version: str, *, passed: bool = True, champion: tu
 
 PROMOTE_SCRIPT = """
 import json, sys
-from mlops.identities import Identity
 from registry.release import promote
+from registry.testing import signed_in
 from registry.transition import RefusedError
 model, version, to, expected = sys.argv[1:5]
 try:
-    promote(Identity("bob", "approver"), model, version, to, expect_version=expected)
+    promote(signed_in("bob"), model, version, to, expect_version=expected)
     print(json.dumps({"version": version, "won": True}))
 except RefusedError as err:
     print(json.dumps({"version": version, "won": False, "why": str(err)[:200]}))

@@ -22,12 +22,9 @@ from pathlib import Path
 
 from mlops.errors import MLOpsError
 from mlops.files import exclusive_lock
+from registry.rules import RefusedError
 
 log = logging.getLogger(__name__)
-
-
-class RefusedError(MLOpsError):
-    """A transition the rules refuse; nothing was changed."""
 
 
 class ConcurrentChangeError(RefusedError):
@@ -118,10 +115,11 @@ def _act_lock(eng, db: str):
         conn.close()
 
 
-def run(model: str, plan_for: Callable, *, url: str | None = None, repairing: bool = False,
+def run(model: str, plan_for: Callable, *, actor, url: str | None = None, repairing: bool = False,
         prepare: Callable | None = None) -> list:
-    """Serialize, verify, replay the model's state, let `plan_for(state)` decide (or raise a refusal), commit
-    the entries, then write the display copies. Returns the appended ledger entries (none: nothing to do).
+    """Serialize, verify, replay the model's state, let `plan_for(state)` decide (or raise a refusal), sign each
+    entry with `actor`'s key and append it once the rules every verifier replays accept it (`ledger.append`),
+    commit, then write the display copies. Returns the appended ledger entries (none: nothing to do).
 
     The act is in force when its entries commit: that is when this returns. MLflow's display copies (aliases,
     then stage tags) are written next by a writer thread that still holds the act lock, so no other act starts
@@ -131,9 +129,15 @@ def run(model: str, plan_for: Callable, *, url: str | None = None, repairing: bo
     `prepare(state)` runs under the act lock before the ledger transaction: the place for an MLflow write the
     entries will name (a new model version), so concurrent acts never race inside MLflow."""
     from registry import ledger
-    from registry.identities import GOVERNANCE
+    from registry.entries import GOVERNANCE
     from registry.resolve import state_in
 
+    if getattr(actor, "signer", None) is None:
+        from mlops.identities import AuthError
+
+        raise AuthError(f"'{getattr(actor, 'name', actor)}' acts without their key: every act is signed by the "
+                        "person who does it. Fix: sign in with MLOPS_USER and MLOPS_PASSWORD (the passphrase of "
+                        "your key file). Nothing was changed.")
     flush_display()  # the previous act's display copies land first, in order
     db = ledger.ledger_url(url)
     eng = ledger.engine(db)
@@ -154,7 +158,7 @@ def run(model: str, plan_for: Callable, *, url: str | None = None, repairing: bo
             plan = plan_for(state)
             if governed and not repairing:
                 _check_display_copy(state, model, plan, shown)
-            written = [ledger.append(chain, **values) for values in plan.entries]
+            written = [ledger.append(chain, actor.signer, **values) for values in plan.entries]
     except BaseException:
         held.close()
         raise

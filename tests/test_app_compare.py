@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.compare import earlier_champions, markdown_table, sample_diff, sample_view, score_rows
-from registry.ledger import Entry
+from registry.entries import Entry
 
 
 def mc(doc_id, picked, answer=1, acc=None):

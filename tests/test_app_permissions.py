@@ -6,7 +6,7 @@ import pytest
 
 from mlops.identities import Identity
 from registry.gates import GateResult
-from registry.ledger import Entry
+from registry.entries import Entry
 from registry.state import replay
 from registry.transition import RefusedError
 
