@@ -62,12 +62,15 @@ def resolve_snapshot_id(name: str | None) -> str:
 def open_snapshot(snapshot_id: str, *, verify: bool = True) -> tuple[Path, dict]:
     """(folder, manifest) of a snapshot, its hashes verified; MLOpsError otherwise."""
     from mlops.data.format import read_manifest
+    from mlops.data.review import require_review
     from mlops.data.snapshot import resolve_snapshot, verify_snapshot
 
     folder = resolve_snapshot(snapshot_id)
     if verify:
         verify_snapshot(folder)
-    return folder, read_manifest(folder) or {}
+    manifest = read_manifest(folder) or {}
+    require_review(folder, manifest)  # data.accept.require_review: a completed human review first
+    return folder, manifest
 
 
 def to_tensors(samples: list, max_len: int | None = None) -> MicroBatch:

@@ -94,9 +94,12 @@ class BatchWriter:
         self.by_source: dict[str, dict[str, Counter]] = {s: defaultdict(_stats) for s in SPLITS}
         self.history: dict[str, Any] | None = None
         self.indexes: dict[str, dict] = {}
+        # whole sequence length (chat template included, before truncation) -> records, for the acceptance report
+        self.seq_tokens: Counter[int] = Counter()
 
     def gate_and_write(self, number: int, rows: list[dict], passed: list[Checked], rejected: list[Checked],
                        result: GateResult | None) -> None:
+        self.seq_tokens.update(c.n_tokens for c in (*passed, *rejected) if c.n_tokens >= 0)
         for c in rejected:
             self.counters[f"record.{c.reason}"] += 1
             self.rejects.record(rows[c.position]["record"], "record", c.reason, c.detail, c.excerpt)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlops.data import clean, tokenize
+from mlops.data import acceptance, clean, tokenize
 from mlops.data.batches import BatchWriter, GateError
 from mlops.data.checks import RecordPolicy, check_batch
 from mlops.data.dedup import ExactIndex, Keys, NearIndex, load_prior
@@ -266,6 +266,7 @@ def build_snapshot(cfg: Any, tracker: Any = None, *, force: bool = False) -> Bui
         cached = None if force else cached_snapshot(inputs)
         if cached is not None:
             manifest = read_manifest(cached)
+            acceptance.recheck(manifest, inputs.data.accept)
             result = BuildResult(cached.name, cached, manifest, noop=True)
         else:
             inputs.root.mkdir(parents=True, exist_ok=True)
@@ -277,12 +278,17 @@ def build_snapshot(cfg: Any, tracker: Any = None, *, force: bool = False) -> Bui
                 files = hash_files(staging)
                 manifest["files"] = files
                 manifest["snapshot_id"] = snapshot_id_for(files, inputs.tokenizer["hash"], inputs.pipeline_hash)
+                acceptance.enforce(manifest, inputs.root / ".failed")  # a failing report publishes nothing
                 path = publish(staging, inputs.root, manifest, replace_invalid=force)
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
             remember_build(inputs, path.name)
             result = BuildResult(path.name, path, read_manifest(path), noop=False)
+        if inputs.data.accept.require_review:
+            from mlops.data.review import mark_required
+
+            mark_required(result.path)
         if tracker is not None:
             log_build(tracker, result)
         return result

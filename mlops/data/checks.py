@@ -35,6 +35,7 @@ class Checked:
     reason: str = ""  # "" = passed
     detail: dict | None = None
     excerpt: list[dict] | None = None
+    n_tokens: int = -1  # the whole record's tokens, before any truncation (-1: it could not be tokenized)
 
 
 BatchTask = tuple[list[dict], tuple[str, GateParams, dict, RecordPolicy]]
@@ -51,23 +52,24 @@ def check_record(position: int, record, policy: RecordPolicy) -> Checked:
     truncated = False
     if n > policy.seq_len:
         if policy.overlong == "drop":
-            return _reject(position, record, "too_many_tokens", {"n_tokens": n, "seq_len": policy.seq_len}, policy)
+            return _reject(position, record, "too_many_tokens", {"n_tokens": n, "seq_len": policy.seq_len}, policy,
+                           n)
         ids, mask, truncated = ids[: policy.seq_len], mask[: policy.seq_len], True
     if len(ids) < policy.min_tokens:
         return _reject(position, record, "too_few_tokens", {"n_tokens": len(ids), "min_tokens": policy.min_tokens},
-                       policy)
+                       policy, n)
     if not mask.any():
         reason = "no_loss_tokens_after_truncation" if truncated else "no_loss_tokens"
-        return _reject(position, record, reason, {"n_tokens": n}, policy)
-    return Checked(position, ids, mask, truncated)
+        return _reject(position, record, reason, {"n_tokens": n}, policy, n)
+    return Checked(position, ids, mask, truncated, n_tokens=n)
 
 
-def _reject(position: int, record, reason: str, detail: dict, policy: RecordPolicy) -> Checked:
+def _reject(position: int, record, reason: str, detail: dict, policy: RecordPolicy, n_tokens: int = -1) -> Checked:
     try:
         cut = excerpt(record.messages, policy.excerpt_chars)
     except Exception:  # noqa: BLE001 - the redactor failed on it: keep no text at all
         cut = excerpt(record.messages, 0)
-    return Checked(position, reason=reason, detail=detail, excerpt=cut)
+    return Checked(position, reason=reason, detail=detail, excerpt=cut, n_tokens=n_tokens)
 
 
 def batch_frame(rows: list[dict], checked: list[Checked], targets: dict[str, float]):

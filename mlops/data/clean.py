@@ -22,6 +22,8 @@ from mlops.data.config import DataConfig
 from mlops.data.decontam import EvalIndex
 from mlops.data.dedup import ExactIndex, NearIndex, exact_hash, signature
 from mlops.data.filters import run_filters
+from mlops.data.fragmentation import TextSample
+from mlops.data.lengths import LengthStats, measure
 from mlops.data.pii import Scrubber, redact
 from mlops.data.quarantine import Quarantine, excerpt
 from mlops.data.records import Record
@@ -38,6 +40,8 @@ class Cleaned:
     exact: int = 0
     sig: np.ndarray | None = None
     excerpt: list[dict] | None = None  # redacted, for a rejection decided in the worker
+    before: tuple[int, int] | None = None  # (characters, content tokens) as read (mlops.data.lengths)
+    after: tuple[int, int] | None = None  # the same after scrubbing, for a record the filters kept
 
 
 def _reject(record: Record, stage: str, reason: str, limit: int, detail: dict | None = None) -> Cleaned:
@@ -61,6 +65,8 @@ def clean_chunk(records: list[Record]) -> tuple[list[Cleaned], dict[str, int]]:
     scrubber: Scrubber = _STATE["scrubber"]
     index: EvalIndex = _STATE["index"]
     scrubber.counts.clear()
+    raw = [record.text for record in records]
+    before = measure(raw)
     out = []
     for record in records:
         try:
@@ -70,7 +76,23 @@ def clean_chunk(records: list[Record]) -> tuple[list[Cleaned], dict[str, int]]:
                 out.append(_reject(record, "error", type(err).__name__, cfg.excerpt_chars))
             except Exception:  # noqa: BLE001 - the redactor itself failed on it: keep no text at all
                 out.append(_reject(record, "error", type(err).__name__, 0))
+    _measure_after(out, raw, before)
     return out, dict(scrubber.counts)
+
+
+def _measure_after(out: list[Cleaned], raw: list[str], before: list[tuple[int, int]]) -> None:
+    """Length figures for the acceptance report; a record scrubbing left unchanged is not tokenized twice."""
+    changed = []
+    for item, text, figures in zip(out, raw, before, strict=True):
+        item.before = figures
+        if item.stage:
+            continue
+        if item.record.text == text:
+            item.after = figures
+        else:
+            changed.append(item)
+    for item, figures in zip(changed, measure([c.record.text for c in changed]), strict=True):
+        item.after = figures
 
 
 def _clean_one(record: Record, cfg: DataConfig, scrubber: Scrubber, index: EvalIndex) -> Cleaned:
@@ -111,6 +133,8 @@ class Cleaner:
         self.counters: Counter[str] = Counter()
         self.pii: Counter[str] = Counter()
         self.decontam_hits: list[dict] = []
+        self.lengths = LengthStats()
+        self.sample = TextSample()
 
     def reject(self, item: Cleaned) -> None:
         self.counters[f"{item.stage}.{item.reason}"] += 1
@@ -143,12 +167,16 @@ class Cleaner:
             self.pii.update(pii)
             for item in chunk:
                 self.counters["cleaning.seen"] += 1
+                record = item.record
+                self.lengths.add(record.source, record.domain, "before", item.before)
                 if not item.stage:
                     item = self.dedup(item)
                 if item.stage:
                     self.reject(item)
                     continue
                 self.counters["cleaning.kept"] += 1
+                self.lengths.add(record.source, record.domain, "after", item.after)
+                self.sample.offer(record.record_id, record.text)
                 yield item
 
 

@@ -88,6 +88,11 @@ def _report(result, run_id: str) -> None:
         typer.echo(f"  issues   {issues['count']} bad input rows quarantined, e.g.:")
         for item in issues.get("listed", [])[:5]:
             typer.echo(f"    {item['file']}:{item['line']} [{item.get('code', '')}] {item['problem']}")
+    verdict = (m.get("acceptance") or {}).get("verdict")
+    if verdict:
+        why = f" ({', '.join(verdict['reasons'])})" if verdict["reasons"] else ""
+        typer.echo(f"  accept   {verdict['status']}: rejected {verdict['rejected_share']:.1%} of rows read, limit "
+                   f"{verdict['max_rejected_share']:.1%}{why}; `mlops data show {result.snapshot_id}` has the report")
     typer.echo(f"  run      {run_id}")
 
 
@@ -115,8 +120,45 @@ def show(
     from mlops.data.manifest import describe
     from mlops.data.snapshot import resolve_snapshot
 
-    manifest = read_manifest(resolve_snapshot(_latest(snapshot_id, root), root))
+    folder = resolve_snapshot(_latest(snapshot_id, root), root)
+    manifest = read_manifest(folder)
     typer.echo(json.dumps(manifest, indent=2, sort_keys=True) if as_json else describe(manifest))
+    if not as_json:
+        from mlops.data.review import review_line
+
+        typer.echo(review_line(folder, manifest))
+
+
+@app.command("review")
+def review(
+    snapshot_id: str = typer.Argument(..., help="snapshot id, a unique prefix, or `latest`"),
+    n: int | None = typer.Option(None, "--n", help="draw this many kept samples for a person to judge (JSONL)"),
+    verdicts: Path | None = typer.Option(None, "--verdicts", help="store the filled-in JSONL (verdict ok, or bad "
+                                         "with a reason, on every line) with the snapshot"),
+    seed: int = typer.Option(7, "--seed", help="sampling seed (same seed, same sample)"),
+    out: Path | None = typer.Option(None, "--out", help="where the drawn JSONL goes (default beside the snapshot)"),
+    reviewer: str = typer.Option("", "--reviewer", help="who judged (stored with the verdicts)"),
+    root: Path | None = RootOpt,
+) -> None:
+    """Human review of kept records: draw a seeded, domain-stratified sample, or store its verdicts."""
+    from mlops.data import review as rv
+    from mlops.data.snapshot import resolve_snapshot
+    from mlops.errors import MLOpsError
+
+    if (n is None) == (verdicts is None):
+        raise MLOpsError("pass exactly one of --n (draw a sample) and --verdicts FILE (store a filled-in one). "
+                         "Fix: `mlops data review <snapshot> --n 200`, then `... --verdicts <file>`.")
+    folder = resolve_snapshot(_latest(snapshot_id, root), root)
+    if n is not None:
+        path, items = rv.draw(folder, n, seed, out)
+        per = ", ".join(f"{d} {k}" for d, k in sorted(rv.Counter(i["domain"] for i in items).items()))
+        typer.echo(f"{len(items)} samples of {folder.name} ({per}) in {path}. Set \"verdict\" to ok, or to bad with "
+                   f"a \"reason\", on every line, then: mlops data review {folder.name} --verdicts {path}")
+        return
+    s = rv.store(folder, verdicts, reviewer)
+    typer.echo(f"review of {folder.name}: {s['judged']}/{s['drawn']} judged, {s['ok']} ok, {s['bad']} bad"
+               + (f" ({', '.join(f'{k} {v}' for k, v in s['bad_reasons'].items())})" if s["bad"] else "")
+               + ("; complete" if s["complete"] else f"; INCOMPLETE: {s['missing']} without a verdict"))
 
 
 @app.command("verify")

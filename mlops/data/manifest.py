@@ -27,6 +27,7 @@ def _merge(by_split: dict[str, dict[str, Counter]]) -> dict[str, Counter]:
 
 
 def assemble_manifest(build: Any, cleaner: Any, plan: Any, writer: Any, eval_index: Any, seconds: float) -> dict:
+    from mlops.data.acceptance import build_report
     from mlops.lineage import code_version, git_state
 
     inputs, data = build.inputs, build.data
@@ -81,6 +82,7 @@ def assemble_manifest(build: Any, cleaner: Any, plan: Any, writer: Any, eval_ind
         "issues": {"count": sum(v for k, v in counters.items() if k.startswith("bad_input.")),
                    "listed": build.issues[:MAX_LISTED], "file": "quarantine/bad_input.jsonl"},
         **_blocklist(inputs.blocklist, counters),
+        "acceptance": build_report(build, cleaner, writer, counters),
     }
 
 
@@ -100,6 +102,11 @@ def flat_counters(manifest: dict) -> dict[str, float]:
             metrics[f"{key}.{split}"] = float(v)
     for domain, share in manifest.get("mixing", {}).get("achieved", {}).items():
         metrics[f"mix.achieved.{domain}"] = float(share)
+    report = manifest.get("acceptance")
+    if report:
+        metrics["accept.rejected_share"] = float(report["verdict"]["rejected_share"])
+        metrics["accept.suggested_max_seq_len"] = float(report["sequence"]["suggested_max_seq_len"])
+        metrics["accept.tokens_per_word"] = float(report["fragmentation"]["tokens_per_word"])
     return metrics
 
 
@@ -166,4 +173,7 @@ def describe(manifest: dict) -> str:
     if issues.get("count"):
         lines.append(f"issues     {issues['count']}")
         lines += [f"  {i['file']}:{i['line']} [{i.get('code', '')}] {i['problem']}" for i in issues.get("listed", [])[:10]]
+    from mlops.data.acceptance import describe as describe_acceptance
+
+    lines += describe_acceptance(manifest.get("acceptance"))
     return "\n".join(lines)

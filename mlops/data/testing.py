@@ -31,9 +31,11 @@ def _merge(base: dict, extra: dict) -> dict:
 def quick_config(sources: list[str | Path], base_model: str | Path, seed: int = 1234, **data: Any):
     from mlops.config import validate_config
 
+    # Test corpora are mostly planted junk, so acceptance flags rather than fails (outside the config hash: the
+    # snapshot ids are those of a plain config); tests of acceptance itself set data.accept.on_fail=fail.
     section = {
         "sources": [{"path": str(p)} for p in sources], "batch_size": 16, "seq_len": 256, "workers": 1,
-        "validation_fraction": 0.1,
+        "validation_fraction": 0.1, "accept": {"on_fail": "flag"},
     }
     return validate_config({"base_model": str(base_model), "run": {"seed": seed, "experiment": "data-tests"},
                             "data": _merge(section, data)})

@@ -82,6 +82,11 @@ with tab_data, ui.guard("Data snapshot"):
             col.metric(label, value)
         st.markdown("**Great Expectations, per batch**")
         st.dataframe(pd.DataFrame(s["batches"]), hide_index=True, width="stretch")
+        from mlops.data.acceptance import describe as acceptance_lines
+
+        verdict = (manifest.get("acceptance") or {}).get("verdict", {}).get("status", "not measured")
+        with st.expander(f"Acceptance report: {verdict}"):
+            st.code("\n".join(acceptance_lines(manifest.get("acceptance"))), language=None)
         if s["counters"]:
             with st.expander("Every manifest counter"):
                 st.dataframe(pd.DataFrame(list(s["counters"].items()), columns=["counter", "value"]),
