@@ -107,3 +107,18 @@ def test_a_missing_list_fails_the_build_before_any_record(tiny_model, tmp_path, 
     with pytest.raises(ConfigError, match="data.filters.blocklist 'nope.txt' does not exist"):
         quick_build(conversations(4, seed=1), base_model=tiny_model["path"], workdir=tmp_path,
                     filters={"blocklist": "nope.txt"})
+
+
+@pytest.mark.slow
+def test_a_private_ray_build_with_a_blocklist_is_the_local_build(tiny_model, tmp_path, mlops_home):
+    """Ray workers get the compiled list, not its path; the snapshot and its acceptance report are the local ones."""
+    rows = conversations(300, seed=3)
+    rows[7] = chat("Who runs Project Nightjar at the depot?", "The logistics team runs it from the north depot.")
+    rows[200] = chat("这是敏感词汇吗？", "这个问题里有一个敏感词，需要被过滤掉才可以。")
+    (tmp_path / "terms.txt").write_text("project nightjar\n敏感词\n", encoding="utf-8")
+    built = {ex: quick_build(rows, base_model=tiny_model["path"], workdir=tmp_path, executor=ex, workers=2,
+                             filters={"blocklist": str(tmp_path / "terms.txt"), "languages": []},
+                             output_dir=str(tmp_path / ex)) for ex in ("local", "ray")}
+    local, ray = built["local"], built["ray"]
+    assert local.snapshot_id == ray.snapshot_id and local.manifest["counters"]["filter.blocklist"] == 2
+    assert local.manifest["acceptance"] == ray.manifest["acceptance"]
