@@ -199,8 +199,29 @@ def judge(since_start: dict[str, VersionStats], canary: str, champion: str, limi
 # --------------------------------------------------------------------------- ledgered acts
 
 
+def governed_limits(limits: Limits, policy) -> Limits:
+    """The thresholds of the recorded policy, whatever the caller asked for: only share, duration and the read
+    interval are the caller's, and those within the policy's bounds (checked again by every verifier)."""
+    from dataclasses import replace
+
+    bounds = policy.canary
+    if limits.share > bounds.max_share:
+        raise RefusedError(f"--share {limits.share} exceeds the recorded policy's registry.canary.max_share "
+                           f"{bounds.max_share}. Nothing was changed. Fix: ask for at most {bounds.max_share}, or an "
+                           "admin records a policy that allows more (`mlops registry policy set`).")
+    if limits.seconds > bounds.max_seconds:
+        raise RefusedError(f"--for {limits.seconds:.0f}s exceeds the recorded policy's registry.canary.max_seconds "
+                           f"{bounds.max_seconds:.0f}. Nothing was changed. Fix: ask for less.")
+    return replace(limits, max_error_rate=bounds.max_error_rate, max_p95_ratio=bounds.max_p95_ratio,
+                   min_requests=bounds.min_requests)
+
+
 def start(actor: Identity, model: str, version: str, limits: Limits, *, now: float | None = None,
           url: str | None = None):
+    """Start a canary of an approved production request (four-eyes already held at its approval), under the
+    recorded policy's bounds and thresholds."""
+    from registry.config import policy_of
+
     require(actor, "promote")
     begins = time.time() if now is None else now
     version = str(version)
@@ -218,11 +239,19 @@ def start(actor: Identity, model: str, version: str, limits: Limits, *, now: flo
             raise RefusedError(f"a canary of '{model}' already runs (v{state.canary['version']}, started by "
                                f"{state.canary.get('by')} at entry #{state.canary.get('seq')}). Fix: wait for it, or "
                                f"`mlops registry canary-stop {model} --reason ...`.")
-        evidence = {"share": limits.share, "until": begins + limits.seconds, "champion": champion,
-                    "limits": {k: getattr(limits, k) for k in ("max_error_rate", "max_p95_ratio", "min_requests",
-                                                               "seconds", "interval")}}
+        approved = state.approved_request(version, "production")
+        if approved is None:
+            raise RefusedError(f"version {version} of '{model}' has no approved request to production, so it may not "
+                               "take real traffic. Nothing was changed. Fix: `mlops registry request "
+                               f"{model} {version} --to production --comment ...`, then an approver other than its "
+                               "trainer, registrar and requester approves it.")
+        governed = governed_limits(limits, policy_of(state.policy))
+        evidence = {"share": governed.share, "seconds": governed.seconds, "until": begins + governed.seconds,
+                    "champion": champion, "request_seq": approved.seq,
+                    "limits": {k: getattr(governed, k) for k in ("max_error_rate", "max_p95_ratio", "min_requests",
+                                                                 "seconds", "interval")}}
         return Plan(entries=[dict(actor=actor.name, action="canary_start", model=model, version=version,
-                                  reason=f"{limits.share:.0%} of traffic for {limits.seconds:.0f}s against "
+                                  reason=f"{governed.share:.0%} of traffic for {governed.seconds:.0f}s against "
                                          f"champion v{champion}", evidence=evidence)])
 
     return run(model, plan_for, url=url, actor=actor)[0]
@@ -231,6 +260,7 @@ def start(actor: Identity, model: str, version: str, limits: Limits, *, now: flo
 def stop(actor: Identity, model: str, outcome: str, reason: str, *, evidence: dict | None = None,
          only_seq: int | None = None, url: str | None = None):
     """End the running canary (outcome promoted, rolled_back or stopped); ledgered, reason tagged on the version."""
+    require(actor, "promote")
     if outcome not in ("promoted", "rolled_back", "stopped"):
         raise RefusedError(f"canary outcome '{outcome}' is not promoted, rolled_back or stopped.")
     if not reason or not reason.strip():
@@ -259,6 +289,9 @@ def watch(actor: Identity, model: str, version: str, limits: Limits, read: Calla
 
     begun = start(actor, model, version, limits, now=clock(), url=url)
     champion, deadline = begun.evidence["champion"], begun.evidence["until"]
+    recorded = begun.evidence["limits"]  # the policy's thresholds, as ledgered
+    limits = Limits(share=begun.evidence["share"], seconds=recorded["seconds"], interval=recorded["interval"],
+                    **{k: recorded[k] for k in ("max_error_rate", "max_p95_ratio", "min_requests")})
     entries = [begun]
 
     def end(outcome: str, reason: str, seen: dict) -> dict:

@@ -236,6 +236,9 @@ def register(run_id: str = typer.Option(..., "--run", help="a finished training 
     from mlops.tracking import tracked_run
     from registry.release import register as do
 
+    from registry.resolve import check_model_name
+
+    check_model_name(name)  # before the stage run below, whose name carries it
     actor = _actor("register")
     # The registration is a stage run too (under `mlflow run -e register` it is MLflow's own run).
     with tracked_run("mlops", run_name=f"register {name}", tags={Tag.STAGE: "register", Tag.ACTOR: actor.name,
@@ -510,30 +513,24 @@ def spot_import(path: str = typer.Argument(..., help="the edited JSONL file ('-'
 
 @app.command("canary")
 def canary(model: str, version: str,
-           share: float = typer.Option(..., "--share", help="share of traffic for the candidate, e.g. 0.1"),
-           duration: str = typer.Option(..., "--for", help="how long, e.g. 10m, 90s, 1h"),
-           max_error_rate: float | None = typer.Option(None, "--max-error-rate", help="5xx share that rolls back "
-                                                       "(default registry.canary.max_error_rate)"),
-           max_p95_ratio: float | None = typer.Option(None, "--max-p95-ratio", help="canary p95 / champion p95 that "
-                                                      "rolls back (default registry.canary.max_p95_ratio)"),
-           min_requests: int | None = typer.Option(None, "--min-requests", help="requests before a version is judged"),
+           share: float = typer.Option(..., "--share", help="share of traffic for the candidate, e.g. 0.1 (at most "
+                                       "registry.canary.max_share)"),
+           duration: str = typer.Option(..., "--for", help="how long, e.g. 10m, 90s, 1h (at most "
+                                        "registry.canary.max_seconds)"),
            metrics_url: list[str] = typer.Option(["http://127.0.0.1:8000/metrics"], "--metrics-url",
                                                  help="a serving replica's /metrics (repeat for each replica)"),
            interval: float | None = typer.Option(None, "--interval", help="seconds between reads"),
            as_json: bool = JsonOpt) -> None:
-    """Route --share of traffic to the version (servers run with --follow), watch error rate and p95 from
-    /metrics, then promote it (approved request and gates still apply) or roll it back by itself. Exit 0
-    promoted, 1 rolled back, 2 stopped (e.g. promotion refused). The API key for /metrics comes from
-    MLOPS_API_KEY."""
+    """Route --share of traffic to a version whose production request is approved (servers run with --follow),
+    watch error rate and p95 from /metrics against the recorded policy's thresholds (registry.canary), then
+    promote it (gates still apply) or roll it back by itself. Exit 0 promoted, 1 rolled back, 2 stopped (e.g.
+    promotion refused). The API key for /metrics comes from MLOPS_API_KEY."""
     from registry.canary import Limits, metrics_reader, parse_duration, watch
     from registry.resolve import release_policy
 
     actor = _actor("promote")
     policy = release_policy().canary
     limits = Limits(share=share, seconds=parse_duration(duration),
-                    max_error_rate=policy.max_error_rate if max_error_rate is None else max_error_rate,
-                    max_p95_ratio=policy.max_p95_ratio if max_p95_ratio is None else max_p95_ratio,
-                    min_requests=policy.min_requests if min_requests is None else min_requests,
                     interval=policy.interval if interval is None else interval)
 
     def tick(seen: dict) -> None:
@@ -560,5 +557,5 @@ def canary_stop(model: str, reason: str = typer.Option(..., "--reason", help="wh
     """Stop a running canary by hand (all traffic back to the champion); ledgered."""
     from registry.canary import stop
 
-    entry = stop(_actor("promote"), model, "stopped", reason)
+    entry = stop(_actor("promote"), model, "stopped", reason)  # the role is checked, and again by every verifier
     _out(entry.as_dict(), as_json, _entry_text(entry))

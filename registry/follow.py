@@ -1,4 +1,4 @@
-"""Serving follows the registry: watch an alias and swap the served model when the ledger moves it.
+"""Layer 5 (readers): serving follows the registry: watch an alias and swap the served model when the ledger moves it.
 
 The target is the ledger's word for the alias, never MLflow's alias alone: an alias moved behind the registry's
 back (the MLflow UI's pencil icon) is refused and logged loudly, and serving stays where the ledger says. A new
@@ -102,15 +102,33 @@ class Follower:
         if target is None or target == previous:
             return None
         noticed = time.monotonic()
-        ref = f"models:/{self.model}/{target}"
-        materialize = self.materialize or _materialize
-        model = materialize(ref)
+        from mlops.errors import MLOpsError
+
+        try:
+            if stage_alias(self.alias):
+                self._require_admissible(state, target)
+            model = (self.materialize or _materialize)(f"models:/{self.model}/{target}")
+        except MLOpsError as err:  # unverified bytes, code in the folder, failing gates: never loaded
+            self._loudly(f"version {target} of '{self.model}' is not loaded: {err} Still serving version "
+                         f"{previous}.", "REFUSED LOAD")
+            return None
         self.slot.load_and_swap(model.hf_dir, model.profile(), target)
         switch = Switch(target, previous, noticed, time.monotonic())
         self.switches.append(switch)
         log.info("following %s@%s: now serving version %s (was %s), switched in %.2f s", self.model, self.alias,
                  target, previous or "nothing", switch.seconds)
         return switch
+
+    def _require_admissible(self, state, version: str) -> None:
+        """A candidate followed by stage (`--shadow ...@candidate`) is loaded only once its signed registration's
+        lineage and its data gate pass: nobody reviewed it yet, so nothing less is put on a serving host."""
+        from mlops.errors import MLOpsError
+        from registry.gates import data_gate, lineage_gate
+
+        vs = state.versions[version]
+        for result in (lineage_gate(vs), data_gate(vs)):
+            if not result.passed:
+                raise MLOpsError(f"its {result.gate} gate does not pass ({result.detail}).")
 
     def attach(self, slot, canary=None) -> Follower:
         self.slot = slot

@@ -90,7 +90,8 @@ def _newest_gate_run(content_id: str) -> tuple[str, dict, dict] | None:
     """(run id, gate report, the run's tags) of the newest gate run of this content that stored a report."""
     from mlops.run_store import find_runs, load_run_json
 
-    for run in find_runs({Tag.STAGE: "gate", Tag.MODEL_KEY: content_id}, status=None, max_results=5):
+    # FINISHED only: a report of a run still running (or killed) was never the gate's last word.
+    for run in find_runs({Tag.STAGE: "gate", Tag.MODEL_KEY: content_id}, status="FINISHED", max_results=5):
         try:
             return run.info.run_id, load_run_json(run.info.run_id, "gate/gate_report.json"), dict(run.data.tags)
         except NotFoundError:
@@ -129,7 +130,8 @@ def contamination_gate(version_state, eval_result: GateResult) -> GateResult:
     evidence = eval_result.evidence
     eval_run = evidence["eval_run"] if "eval_run" in evidence else get_run(gate_run).data.tags.get(Tag.EVAL_RUN)
     try:
-        report = load_run_json(eval_run, "eval/contamination.json") if eval_run else None
+        finished = eval_run and get_run(eval_run).info.status == "FINISHED"
+        report = load_run_json(eval_run, "eval/contamination.json") if finished else None
     except NotFoundError:
         report = None
     if report is None:
@@ -168,6 +170,54 @@ def evaluate_gates(state, version: str) -> list[GateResult]:
 
 def failing(results: list[GateResult]) -> list[GateResult]:
     return [r for r in results if not r.ok]
+
+
+# --------------------------------------------------------------------------- evidence bound by digest
+
+# Which stored report each gate stood on: (the evidence key naming its run, the artifact path).
+REPORTS = {"eval": ("gate_run", "gate/gate_report.json"), "contamination": ("eval_run", "eval/contamination.json"),
+           "shadow": ("shadow_run", "shadow/shadow_report.json")}
+
+
+def evidence_digests(results: list[GateResult]) -> dict[str, dict]:
+    """The sha256 of every stored report the gates stood on, as an approval records them: a report changed,
+    replaced or forged after the approval no longer matches (`changed_evidence`)."""
+    from mlops.run_store import load_run_json
+    from registry.entries import digest_of
+
+    out = {}
+    for r in results:
+        if r.gate not in REPORTS or not r.evidence.get(REPORTS[r.gate][0]):
+            continue
+        key, path = REPORTS[r.gate]
+        run_id = r.evidence[key]
+        try:
+            out[r.gate] = {"run": run_id, "path": path, "sha256": digest_of(load_run_json(run_id, path))}
+        except NotFoundError:
+            out[r.gate] = {"run": run_id, "path": path, "sha256": None}
+    spot = next((r for r in results if r.gate == "spot_check" and r.evidence.get("digest")), None)
+    if spot is not None:  # the verdicts themselves are ledgered; their digest names the set that was judged
+        out["spot_check"] = {"check_id": spot.evidence.get("check_id"), "sha256": spot.evidence.get("digest")}
+    return out
+
+
+def changed_evidence(recorded: dict[str, dict]) -> list[str]:
+    """Reports whose bytes are no longer what the approval recorded (or whose run is no longer FINISHED)."""
+    from mlops.run_store import get_run, load_run_json
+    from registry.entries import digest_of
+
+    changed = []
+    for gate, item in sorted(recorded.items()):
+        if "run" not in item:
+            continue
+        try:
+            status = get_run(item["run"]).info.status
+            now = digest_of(load_run_json(item["run"], item["path"])) if status == "FINISHED" else None
+        except NotFoundError:
+            now = None
+        if now != item.get("sha256"):
+            changed.append(f"the {gate} report {item['path']} of run {item['run']} is not the one approved")
+    return changed
 
 
 # --------------------------------------------------------------------------- gates the release policy turns on

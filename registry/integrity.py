@@ -60,6 +60,45 @@ def verify_files(model: str, version: str, folder: Path, *, url: str | None = No
                                "and release a new version.")
 
 
+def packaged_gguf(content_id: str, quantization: str, *, url: str | None = None) -> dict | None:
+    """The newest signed `package` entry for these weights in this quantization: {sha256, run, llamacpp_version,
+    model, version}; None when no version of them was packaged so (or no registry is in this store)."""
+    from registry.ledger import NoRegistry, verified
+
+    try:
+        found = [e for e in verified(url).entries if e.action == "package"
+                 and e.evidence.get("content_id") == content_id and e.evidence.get("quantization") == quantization]
+    except NoRegistry:
+        return None
+    if not found:
+        return None
+    e = found[-1]
+    return {**{k: e.evidence.get(k) for k in ("sha256", "run", "llamacpp_version")}, "model": e.model,
+            "version": e.version, "seq": e.seq}
+
+
+def record_package(actor, model: str, version: str, *, sha256: str, quantization: str, llamacpp_version: str,
+                   run_id: str, url: str | None = None):
+    """Packaging a version's GGUF is a signed act: its sha256 and quantization go into the ledger, and every
+    server checks the file it is about to load against them."""
+    from mlops.identities import require
+    from registry.transition import Plan, run
+
+    require(actor, "register")
+
+    def plan_for(state):
+        vs = state.versions.get(str(version))
+        if vs is None:
+            raise RefusedError(f"version {version} of '{model}' is not in the ledger; only a registered version is "
+                               "packaged. Fix: register it first.")
+        return Plan(entries=[dict(actor=actor.name, action="package", model=model, version=str(version),
+                                  reason=f"GGUF {quantization} by llama.cpp {llamacpp_version}",
+                                  evidence={"sha256": sha256, "quantization": quantization, "run": run_id,
+                                            "llamacpp_version": llamacpp_version, "content_id": vs.content_id})])
+
+    return run(model, plan_for, url=url, actor=actor)[0]
+
+
 def check_artifacts(model: str, version_state) -> dict:
     """Before a rollback: the version's files are the registered bytes and its checkpoint manifest is there.
 

@@ -136,7 +136,7 @@ def request(actor: Identity, model: str, version: str, to_stage: str, comment: s
 def plan_decide(actor: Identity, state: ModelState, model: str, version: str, comment: str | None, *,
                 approve: bool, gates: list | None = None) -> Plan:
     """The approval or rejection of the open request; `gates` reuses results already read (else read now)."""
-    from registry.gates import evaluate_gates
+    from registry.gates import evaluate_gates, evidence_digests
 
     pending = [r for r in state.pending() if r.version == str(version)]
     if not pending:
@@ -150,6 +150,7 @@ def plan_decide(actor: Identity, state: ModelState, model: str, version: str, co
             results = gates if gates is not None else evaluate_gates(state, version)
             _refuse_failing(results, model, version)
             evidence["gates"] = [r.as_dict() for r in results]
+            evidence["evidence_digests"] = evidence_digests(results)
     return Plan(entries=[dict(actor=actor.name, action="approve" if approve else "reject", model=model,
                               version=str(version), to_stage=req.to_stage, reason=comment, evidence=evidence)])
 
@@ -208,6 +209,7 @@ def plan_promote(actor: Identity, state: ModelState, model: str, version: str, t
             raise RefusedError(f"version {version} of '{model}' has no approved request to production. Fix: "
                                f"`mlops registry request {model} {version} --to production --comment ...`, then "
                                "an approver other than its trainer, registrar and requester approves it.")
+        _refuse_changed_evidence(state, req, model, version)
         results = gates if gates is not None else evaluate_gates(state, version)
         _refuse_failing(results, model, version)
         evidence.update(request_seq=req.seq, approved_by=req.decided_by, gates=[r.as_dict() for r in results])
@@ -292,10 +294,15 @@ def reconcile(actor: Identity, model: str, *, url: str | None = None):
     """Make MLflow's aliases and stage tags say what the ledger says (after a crash or a hand edit); ledgered."""
     from registry.audit import drift
 
+    from registry.audit import model_state
+
     require(actor, "reconcile")
+    # What differed when the act was asked for: the act's own heal of lagging display copies may already have
+    # rewritten some of it under the lock, which is still a reconcile to report and record.
+    seen = drift(model_state(model, url=url))
 
     def plan_for(state: ModelState) -> Plan:
-        problems = drift(state)
+        problems = drift(state) or seen
         if not problems:
             raise RefusedError(f"'{model}': registry and ledger agree; nothing to reconcile.")
         actual = _actual_aliases(model)
@@ -324,6 +331,19 @@ def _check_expected(model: str, alias: str, current: str | None, expected: str |
             f"{alias} of '{model}' moved from {expected or 'nothing'} to {current or 'nothing'} since you loaded it. "
             "Nothing was changed. Fix: look at `mlops registry status` and decide again."
         )
+
+
+def _refuse_changed_evidence(state: ModelState, req, model: str, version: str) -> None:
+    """The reports the approval stood on must still be those bytes, from finished runs."""
+    from registry.gates import changed_evidence
+
+    approvals = [e for e in state.entries if e.action == "approve" and e.evidence.get("request_seq") == req.seq]
+    recorded = approvals[-1].evidence.get("evidence_digests") if approvals else None
+    changed = changed_evidence(recorded or {})
+    if changed:
+        raise RefusedError(f"version {version} of '{model}' may not be promoted: {'; '.join(changed)} (changed, "
+                           "replaced or forged since the approval). Nothing was changed. Fix: re-run the gate and "
+                           "ask for a new approval.")
 
 
 def _refuse_failing(results, model: str, version: str) -> None:

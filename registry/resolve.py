@@ -34,6 +34,17 @@ def release_policy(url: str | None = None):
     return policy_of(recorded_policy(verified(url).entries))
 
 
+def present(url: str | None = None) -> bool:
+    """Whether this store holds a registry (a broken one raises: it is there, and trusts nothing)."""
+    from registry.ledger import NoRegistry, verified
+
+    try:
+        verified(url)
+        return True
+    except NoRegistry:
+        return False
+
+
 def verified_state(model: str, *, until: str | None = None, url: str | None = None) -> ModelState:
     from registry.ledger import verified
 
@@ -46,18 +57,20 @@ def known_models(entries) -> list[str]:
     return sorted({e.model for e in entries if e.model != GOVERNANCE})
 
 
-MAX_NAME = 256  # MLflow's and the ledger's column width
+MAX_NAME = 200  # MLflow's and the ledger's columns, with room for the run names derived from it (PostgreSQL: 250)
+NAME_RE = __import__("re").compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def check_model_name(name: str) -> None:
+    """A registered model name, checked before any store sees it (same answer on SQLite and PostgreSQL)."""
     from mlops.errors import MLOpsError
-    from registry.entries import GOVERNANCE
+    from mlops.text import shown
 
-    if not name or not name.strip() or len(name) > MAX_NAME or name == GOVERNANCE or "/" in name or "@" in name:
-        shown = name if len(name or "") <= 60 else name[:60] + "..."
-        raise MLOpsError(f"model name '{shown}' ({len(name or '')} characters) is not valid: a registered model name "
-                         f"has 1-{MAX_NAME} characters, no '/' or '@', and is not {GOVERNANCE}. Fix: pick such a "
-                         "name.")
+    if not name or len(name) > MAX_NAME or not NAME_RE.match(name):
+        short = name if len(name or "") <= 60 else name[:60] + "..."
+        raise MLOpsError(f"model name '{shown(short)}' ({len(name or '')} characters) is not valid: a registered model "
+                         f"name has 1-{MAX_NAME} characters, letters, digits, '.', '_' or '-', starting with a letter "
+                         "or digit. Fix: pick such a name (e.g. support-bot).")
 
 
 def require_model(model: str, *, url: str | None = None) -> ModelState:

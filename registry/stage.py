@@ -12,3 +12,6 @@ def register(stages) -> None:
     stages.add_service("authenticate", "registry.identities:authenticate")
     stages.add_service("release_version", "registry.resolve:release_version")
     stages.add_service("verify_model_files", "registry.integrity:verify_files")
+    stages.add_service("registry_present", "registry.resolve:present")
+    stages.add_service("packaged_gguf", "registry.integrity:packaged_gguf")
+    stages.add_service("record_package", "registry.integrity:record_package")

@@ -250,7 +250,9 @@ def release_package(
 
     if quant not in QUANTIZATIONS:
         raise ConfigError(f"--quant {quant} is not a GGUF type this stack serves; use one of {', '.join(QUANTIZATIONS)}.")
-    done = package(model, quant)
+    from mlops.identities import from_env
+
+    done = package(model, quant, actor=from_env("register") if model.startswith("models:/") else None)
     if as_json:
         typer.echo(json.dumps({"ref": done.ref, "gguf": str(done.gguf), "sha256": done.sha256,
                                "quantization": done.quantization, "llamacpp_version": done.llamacpp_version,

@@ -9,9 +9,9 @@ from registry.testing import PASSWORDS, ROLES
 
 
 def who(name: str):
-    from mlops.identities import Identity
+    from registry.testing import signed_in
 
-    return Identity(name, ROLES[name])
+    return signed_in(name)
 
 
 def texts(at, kind: str) -> list[str]:
@@ -229,8 +229,8 @@ def test_a_rollback_in_a_fresh_process_reads_the_configured_store_not_the_workin
 
     approve_v2_outside_the_app()
     promote(who("bob"), "bot", "2", "production", expect_version="1")
-    code = ("from mlops.identities import Identity\nfrom registry.release import rollback\n"
-            "print(rollback(Identity('alice', 'approver'), 'bot', 'checked in a fresh process').version)\n")
+    code = ("from registry.testing import signed_in\nfrom registry.release import rollback\n"
+            "print(rollback(signed_in('alice'), 'bot', 'checked in a fresh process').version)\n")
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**env, "MLOPS_HOME": str(app_store)},
                          capture_output=True, text=True, timeout=300)

@@ -58,11 +58,11 @@ def test_an_idle_session_expires_and_asks_to_log_in_again(app_store, monkeypatch
 
 
 def test_a_user_removed_from_the_registry_is_logged_out_at_the_next_click(app_store):
-    from mlops.identities import Identity
     from registry.identities import remove_user
+    from registry.testing import signed_in
 
     at = logged_in("bob")
-    remove_user(Identity("admin", "admin"), "bob")
+    remove_user(signed_in("admin"), "bob")
     at.run()
     assert at.title[0].value == "Release approvals"
     assert any("no longer in the registry" in t for t in texts(at, "info"))
@@ -220,13 +220,13 @@ def test_an_alias_moved_behind_the_registrys_back_is_flagged_on_every_page_that_
 
 
 def test_text_people_typed_is_shown_as_text_not_rendered_as_markdown(app_store):
-    from mlops.identities import Identity
     from registry.release import decide
+    from registry.testing import signed_in
 
-    decide(Identity("bob", "approver"), "bot", "4", "ok", approve=False)
+    decide(signed_in("bob"), "bot", "4", "ok", approve=False)
     from registry.release import request
 
-    request(Identity("tina", "trainer"), "bot", "4", "production", "![pixel](http://tracker.example/p.png) "
+    request(signed_in("tina"), "bot", "4", "production", "![pixel](http://tracker.example/p.png) "
             "[click](http://evil.example) :red[URGENT]")
     at = open_page(logged_in("vic"), "approvals")
     shown = "\n".join(texts(at, "markdown"))

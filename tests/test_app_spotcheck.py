@@ -13,10 +13,10 @@ def fake_answers(ref: str, conversations: list[list[dict]], **_options) -> list[
 
 
 def new_check(n: int = 3) -> str:
-    from mlops.identities import Identity
     from registry.spotcheck import create
+    from registry.testing import signed_in
 
-    return create(Identity("alice", ROLES["alice"]), "bot", "2", n=n, seed=5, answer=fake_answers)["check_id"]
+    return create(signed_in("alice"), "bot", "2", n=n, seed=5, answer=fake_answers)["check_id"]
 
 
 def spot_page(name: str, check_id: str):

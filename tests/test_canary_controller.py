@@ -65,6 +65,7 @@ def reg(mlops_home, tiny_model, tmp_path):
 
 
 def run_canary(who, script, limits=LIMITS):
+    """The canary of v2 (thresholds: the recorded policy's defaults, 2% errors, p95 1.5x, 20 requests)."""
     clock = Clock()
     servers = FakeServers(script)
     return watch(who["bob"], "bot", "2", limits, servers.read, clock=clock, sleep=clock.sleep)
@@ -86,6 +87,7 @@ def test_canary_rolls_back_by_itself_when_errors_or_latency_cross_a_threshold(re
     from registry.transition import flush_display
     from registry.versions import version_tags
 
+    decide_ok(reg)
     for trouble, expected in (({"errors": 3}, "canary error rate"), ({"seconds": 0.9}, "canary p95 latency")):
         def script(tick, serve, trouble=trouble):
             serve("1", 90, seconds=0.08)
@@ -123,14 +125,17 @@ def decide_ok(who) -> None:
     decide(who["alice"], "bot", "2", "approved, pending the canary", approve=True)
 
 
-def test_canary_with_too_little_traffic_or_without_the_approval_stops_and_says_why(reg):
+def test_canary_with_too_little_traffic_stops_and_says_why_and_without_the_approval_never_starts(reg):
+    from registry import ledger
     from registry.audit import model_state
 
+    before = len(ledger.entries())
+    with pytest.raises(RefusedError, match="no approved request to production"):
+        run_canary(reg, healthy)
+    assert len(ledger.entries()) == before
+    decide_ok(reg)
     result = run_canary(reg, lambda tick, serve: serve("1", 50) if tick else None)
-    assert result["outcome"] == "stopped" and "fewer than the 10 needed" in result["reason"]
-    result = run_canary(reg, healthy)
-    assert result["outcome"] == "stopped"
-    assert "promotion was refused" in result["reason"] and "no approved request to production" in result["reason"]
+    assert result["outcome"] == "stopped" and "fewer than the 20 needed" in result["reason"]
     assert entries()[-1].evidence["outcome"] == "stopped"
     assert model_state("bot").aliases["production"] == "1"
 
@@ -142,6 +147,7 @@ def test_canary_start_needs_the_promote_permission_and_one_canary_at_a_time_and_
         start(reg["tina"], "bot", "2", LIMITS)
     with pytest.raises(RefusedError, match="version 1 of 'bot' is production; a canary runs a staging or candidate"):
         start(reg["bob"], "bot", "1", LIMITS)
+    decide_ok(reg)
     start(reg["bob"], "bot", "2", LIMITS)
     with pytest.raises(RefusedError, match=r"a canary of 'bot' already runs \(v2, started by bob"):
         start(reg["alice"], "bot", "2", LIMITS)

@@ -56,15 +56,15 @@ def test_concurrent_promotions_on_postgresql_have_exactly_one_winner(mlops_home,
 def test_threads_promoting_at_once_on_sqlite_leave_one_winner(mlops_home, tiny_model, tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    from mlops.identities import Identity
     from registry.release import promote
+    from registry.testing import signed_in
     from registry.transition import RefusedError
 
     versions = _setup(tiny_model, tmp_path, 3)
 
     def attempt(version: str) -> dict:
         try:
-            promote(Identity("bob", "approver"), "bot", version, "staging", expect_version="none")
+            promote(signed_in("bob"), "bot", version, "staging", expect_version="none")
             return {"version": version, "won": True}
         except RefusedError as err:
             return {"version": version, "won": False, "why": str(err)}

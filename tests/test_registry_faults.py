@@ -168,8 +168,8 @@ def _hold_lock(db: str) -> subprocess.Popen:
 REGISTER = """
 import json, sys
 from registry.release import register
-from mlops.identities import Identity
-print(json.dumps({"run": sys.argv[1], "version": register(Identity("tina", "trainer"), sys.argv[1], "bot")}))
+from registry.testing import signed_in
+print(json.dumps({"run": sys.argv[1], "version": register(signed_in("tina"), sys.argv[1], "bot")}))
 """
 
 

@@ -98,7 +98,7 @@ def test_adding_a_user_is_a_ledgered_admin_act_and_bootstrap_happens_once(reg):
 
 def test_the_release_policy_comes_from_the_ledger_not_the_environment_or_the_folder(reg, tmp_path, monkeypatch):
     from registry.audit import model_state
-    from registry.config import set_policy
+    from registry.identities import set_policy
     from registry.gates import evaluate_gates
 
     strict = tmp_path / "strict.yaml"
@@ -114,7 +114,7 @@ def test_the_release_policy_comes_from_the_ledger_not_the_environment_or_the_fol
 
 def test_an_act_under_a_policy_file_that_differs_from_the_recorded_one_is_refused(reg):
     from registry import ledger
-    from registry.config import set_policy
+    from registry.identities import set_policy
     from registry.release import request
     from registry.transition import RefusedError
 
@@ -138,7 +138,7 @@ def test_a_row_edited_with_its_sha256_recomputed_breaks_the_chain_and_stops_ever
 
     _forge_promotion("2")
     result = verify()
-    assert not result.ok and any("keyed hash" in p for p in result.chain)
+    assert not result.ok and any("no identity the ledger holds" in p for p in result.chain), result.chain
     with pytest.raises(LedgerBroken, match="entry"):
         request(any_reg["who"]["tina"], "bot", "1", "production", "go")
     code, _, err = run_cli("registry", "status", "bot")
@@ -167,15 +167,19 @@ def test_verify_of_the_whole_ledger_fails_a_wiped_ledger(any_reg):
     assert code == 1 and "BROKEN" in out and "wiped" in out
 
 
-def test_a_machine_without_the_registrys_key_trusts_and_changes_nothing(any_reg, tmp_path, monkeypatch):
-    from registry import keys
+def test_a_machine_that_pins_no_trust_root_trusts_and_changes_nothing(any_reg, tmp_path, monkeypatch):
+    from registry import ledger
     from registry.release import request
+    from registry.trust import TrustError
 
+    before = len(ledger.entries())
     monkeypatch.setenv("MLOPS_LEDGER_KEY_DIR", str(tmp_path / "elsewhere"))
-    keys._KEYS.clear()
-    with pytest.raises(keys.LedgerKeyMissing, match="holds no key"):
+    monkeypatch.delenv("MLOPS_TRUST_ROOT", raising=False)
+    with pytest.raises(TrustError, match="pins no trust root"):
         request(any_reg["who"]["tina"], "bot", "1", "production", "go")
-    assert run_cli("registry", "status", "bot")[0] == 2
+    code, _, err = run_cli("registry", "status", "bot")
+    assert code == 2 and "MLOPS_TRUST_ROOT" in err
+    assert len(ledger.entries()) == before
 
 
 # --------------------------------------------------------------------------- consumers obey the verified ledger

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mlops.identities import AuthError
-from registry.config import set_policy
+from registry.identities import set_policy
 from registry.transition import RefusedError
 
 PASSWORDS = {"alice": "alice-pass-1", "bob": "bob-pass-1", "admin": "admin-pass-1"}
@@ -77,7 +77,7 @@ def review(reg, check_id: str, *, worse: int = 0, wrong_fact: tuple[int, ...] = 
 
 def gate(version: str = "2"):
     from registry.audit import model_state
-    from registry.config import release_policy
+    from registry.resolve import release_policy
     from registry.spotcheck import judge
 
     return judge(model_state("bot"), version, release_policy().spot_check)
@@ -252,7 +252,7 @@ def test_a_first_release_is_spot_checked_blind_against_the_base_model_it_was_tra
     from mlops.paths import models_dir
     from mlops.tracking import init_experiment
     from registry.audit import model_state
-    from registry.config import release_policy
+    from registry.resolve import release_policy
     from registry.release import register
     from registry.spotcheck import blind_items, create, judge, record_many, summary
     from registry.testing import make_identities, training_run

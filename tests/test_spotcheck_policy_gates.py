@@ -26,7 +26,7 @@ def reg(mlops_home, tiny_model, tmp_path, monkeypatch):
 
     who = challenger_requested(Path(tiny_model["path"]), tmp=tmp_path, comment="shadowed for a day")
     decide(who["alice"], "bot", "2", "fine by me", approve=True)  # approval before the policy changed
-    from registry.config import set_policy
+    from registry.identities import set_policy
 
     set_policy(who["admin"], policy(tmp_path, shadow={"required": True, "min_requests": 5, "max_error_rate": 0.2}))
     return who
@@ -92,7 +92,7 @@ def test_shadow_gate_reads_the_stored_report_and_says_how_to_make_one(reg):
 
 
 def test_a_registry_bootstrapped_without_a_policy_file_applies_no_new_gate(mlops_home):
-    from registry.config import release_policy
+    from registry.resolve import release_policy
     from registry.gates import policy_gates
     from registry.testing import make_identities
 

@@ -45,12 +45,41 @@ def gguf_for(model_path: Path, quantization: str, *, out_dir: Path | None = None
                           "serve a registered model version or a GGUF file.")
     install = install or find_install()
     target = cached_path(model_path, quantization, install.version, out_dir)
-    if target.is_file():
+    if not target.is_file():
+        # One converter per model folder: two servers or jobs starting at once share the f16 step and its output.
+        with exclusive_lock(target.parent.with_name(target.parent.name + ".lock")):
+            if not target.is_file():
+                convert(model_path, target, quantization, install)
+    return check_packaged(target, model_path, quantization, install.version)
+
+
+class PackageMismatch(MLOpsError):
+    """The GGUF at hand is not the one the ledger's signed `package` entry names."""
+
+
+def packaged_record(model_path: Path, quantization: str) -> dict | None:
+    """The ledger's signed package of these weights in this quantization (the registry answers; None without)."""
+    from mlops.model_refs import model_content_id
+    from mlops.stages import service
+
+    lookup = service("packaged_gguf")
+    return lookup(model_content_id(model_path), quantization) if lookup else None
+
+
+def check_packaged(target: Path, model_path: Path, quantization: str, llamacpp_version: str) -> Path:
+    """Every load, cached copies included: a GGUF of packaged weights must hash to the signed package's sha256."""
+    from mlops.files import file_sha256
+
+    record = packaged_record(model_path, quantization)
+    if record is None or record.get("llamacpp_version") != llamacpp_version:
         return target
-    # One converter per model folder: two servers or jobs starting at once share the f16 step and its output.
-    with exclusive_lock(target.parent.with_name(target.parent.name + ".lock")):
-        if not target.is_file():
-            convert(model_path, target, quantization, install)
+    actual = file_sha256(target)
+    if actual != record["sha256"]:
+        raise PackageMismatch(
+            f"{target} has sha256 {actual[:12]}, but version {record['model']}/{record['version']} was packaged as "
+            f"{record['sha256'][:12]} (ledger entry #{record['seq']}): it is not the artifact that was released, "
+            "and it is not loaded. Fix: delete it and serve again (the packaged file is fetched), or re-run "
+            "`mlops release package`.")
     return target
 
 
