@@ -1,4 +1,4 @@
-"""Reading the ledger: status, history (what was in production at time T), who approved, verify and drift."""
+"""Layer 5 (readers): reading the ledger: status, history (what was in production at time T), who approved, verify and drift."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from mlops.lineage import Tag
 from registry.state import ModelState, replay
-from registry.transition import STAGE_TAG
+from registry.transition import STAGE_TAG, alias_drift
 
 
 @dataclass
@@ -59,18 +59,6 @@ def drift(state: ModelState) -> list[str]:
                 problems.append(f"version {version}: tag {Tag.GATE_EVAL}={shown} but the stored gate report says "
                                 f"{stored or 'nothing'}")
     return problems
-
-
-def alias_drift(state: ModelState, actual: dict[str, str] | None = None) -> list[str]:
-    """The governed aliases MLflow shows differently from the ledger (`actual`: MLflow's aliases, read now when
-    not given)."""
-    from registry.state import ALIAS_OF_STAGE
-    from registry.transition import registry_aliases
-
-    actual = registry_aliases(state.model) if actual is None else actual
-    return [f"@{alias} points to {actual.get(alias) or 'nothing'} in MLflow but the ledger says "
-            f"{state.aliases.get(alias) or 'nothing'}"
-            for alias in sorted(ALIAS_OF_STAGE.values()) if actual.get(alias) != state.aliases.get(alias)]
 
 
 def chain_check(url: str | None = None):

@@ -1,4 +1,4 @@
-"""The canary: a share of real traffic goes to a candidate for a while, watched, then promoted or rolled back.
+"""Layer 5 (readers and the canary controller): the canary: a share of real traffic goes to a candidate for a while, watched, then promoted or rolled back.
 
 `start` ledgers `canary_start` (the promote permission; a staging or candidate version; a champion in
 production), which is what serving that follows the model reads to route `share` of its traffic to the

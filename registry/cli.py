@@ -1,4 +1,4 @@
-"""`mlops registry ...`: identities, registration, approvals, promotion, rollback, the ledger.
+"""Layer 6 (the command line, on top): `mlops registry ...`: identities, registration, approvals, promotion, rollback, the ledger.
 
 Acting commands read the identity from MLOPS_USER and MLOPS_PASSWORD. Every command exits non-zero on refusal
 (2 refused, 3 authentication or role), and `--json` prints machine-readable output.
@@ -235,7 +235,6 @@ def register(run_id: str = typer.Option(..., "--run", help="a finished training 
     from mlops.lineage import Tag
     from mlops.tracking import tracked_run
     from registry.release import register as do
-
     from registry.resolve import check_model_name
 
     check_model_name(name)  # before the stage run below, whose name carries it

@@ -1,4 +1,4 @@
-"""Release gates, each decided from stored evidence, never from a tag a hand can edit.
+"""Layer 4 (acts' evidence): release gates, each decided from stored evidence, never from a tag a hand can edit.
 
 - lineage:       the registration entry in the ledger recorded every required lineage tag.
 - data:          the snapshot manifest logged by the data run: no failing batch was admitted.
@@ -195,9 +195,9 @@ def evidence_digests(results: list[GateResult]) -> dict[str, dict]:
             out[r.gate] = {"run": run_id, "path": path, "sha256": digest_of(load_run_json(run_id, path))}
         except NotFoundError:
             out[r.gate] = {"run": run_id, "path": path, "sha256": None}
-    spot = next((r for r in results if r.gate == "spot_check" and r.evidence.get("digest")), None)
-    if spot is not None:  # the verdicts themselves are ledgered; their digest names the set that was judged
-        out["spot_check"] = {"check_id": spot.evidence.get("check_id"), "sha256": spot.evidence.get("digest")}
+    spot = next((r for r in results if r.gate == "spot_check" and r.evidence.get("review_seq")), None)
+    if spot is not None:  # the verdicts are ledgered by digest in that review entry, which the approval names
+        out["spot_check"] = {"check_id": spot.evidence.get("check_id"), "review_seq": spot.evidence["review_seq"]}
     return out
 
 

@@ -1,4 +1,4 @@
-"""May this identity do that, now, and if not, why not: the release module's own checks, asked without acting.
+"""Layer 5 (readers): may this identity do that, now, and if not, why not: the release module's own checks, asked without acting.
 
 A user interface (the approval app) disables a button the rules forbid and shows the reason. It must not keep a
 second copy of the rules, so each question here runs the role check and the action's pure `plan_*` function from

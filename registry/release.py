@@ -1,4 +1,4 @@
-"""Governed release actions: register, request, approve, reject, promote, rollback, override, reconcile.
+"""Layer 4 (acts): governed release actions: register, request, approve, reject, promote, rollback, override, reconcile.
 
 Every rule lives here; the CLI and the approval app only call these functions and show what they say. Each
 action names its actor (an authenticated `Identity`), is checked against the role table, the lifecycle table,
@@ -292,9 +292,7 @@ def rollback(actor: Identity, model: str, reason: str, *, to_version: str | None
 
 def reconcile(actor: Identity, model: str, *, url: str | None = None):
     """Make MLflow's aliases and stage tags say what the ledger says (after a crash or a hand edit); ledgered."""
-    from registry.audit import drift
-
-    from registry.audit import model_state
+    from registry.audit import drift, model_state
 
     require(actor, "reconcile")
     # What differed when the act was asked for: the act's own heal of lagging display copies may already have

@@ -1,4 +1,4 @@
-"""The release report: one model's story read back from stored state, never from what a script printed.
+"""Layer 5 (readers): the release report: one model's story read back from stored state, never from what a script printed.
 
 Per version: lineage (training run, snapshot, data run, content id), the eval scores its gate stood on
 (business suite as a whole and general tasks, each with its one-sided interval), the stored gate report's

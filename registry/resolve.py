@@ -1,4 +1,4 @@
-"""The one way to read a release: from the verified ledger, never from MLflow's aliases alone.
+"""Layer 3 (reading the verified ledger): the one way to read a release: from the verified ledger, never from MLflow's aliases alone.
 
 Every consumer of `@production`, `@staging` or `@candidate` (serving with or without `--follow`, the canary,
 the app, the report, the spot-check, `mlops eval`/`gate` refs through the core's `release_version` service)

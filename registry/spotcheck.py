@@ -1,4 +1,4 @@
-"""The human spot-check: a person with domain knowledge compares challenger and champion answers, blind.
+"""Layer 4 (acts): the human spot-check: a person with domain knowledge compares challenger and champion answers, blind.
 
 `create` draws a stratified sample of business prompts (suite items and served requests), has both models answer
 in deployment form, and stores the items with a random A/B order each; which letter is the challenger stays in
@@ -48,8 +48,8 @@ def _answerer():
 def create(actor: Identity, model: str, version: str, *, n: int | None = None, seed: int | None = None,
            answer=None, policy=None, url: str | None = None) -> dict:
     """Draw, answer, store and ledger a spot-check of `version` against the current champion."""
-    from registry.audit import model_state
     from registry.resolve import release_policy
+    from registry.resolve import verified_state as model_state
     from registry.spotcheck_sample import draw, sample_digest, served_prompts, suite_folder, suite_prompts
 
     require(actor, "request")
@@ -125,7 +125,7 @@ def record_many(reviewer: Identity, check_id: str, verdicts: list[dict], *, url:
 
     When every item has a verdict, the review is ledgered (again, whenever a later verdict changes it).
     """
-    from registry.audit import model_state
+    from registry.resolve import verified_state as model_state
 
     check = _ledgered(check_id, url)
     may_review(reviewer, model_state(check["model"], url=url), check)

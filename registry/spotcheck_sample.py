@@ -1,4 +1,4 @@
-"""What a spot-check asks and how the answers are produced.
+"""Layer 4 (acts' helpers): what a spot-check asks and how the answers are produced.
 
 Prompts come from the business suite's items (stratified by dimension, so every area of the business is
 looked at) and, once serving has logged them, from real served requests (already PII-scrubbed by the log).

@@ -1,4 +1,4 @@
-"""Where spot-checks live: tables of their own in the registry's (the ledger's) database.
+"""Layer 3 (storage): where spot-checks live: tables of their own in the registry's (the ledger's) database.
 
 `mlops_spotcheck` (one row per check: challenger, champion, seed, the ledger entry that created it),
 `mlops_spotcheck_item` (the sampled prompt, both answers in blind order, and which of A/B is the challenger:

@@ -1,4 +1,4 @@
-"""The registry's registration with the core: the `registry:` config section (release policy) and the CLI."""
+"""Wiring, outside the layers: the registry's registration with the core (the `registry:` config section, the CLI)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A model's release state, replayed from its ledger entries: stages, aliases, requests, overrides, history.
+"""Layer 2 (the pure replay): a model's release state, replayed from its ledger entries: stages, aliases, requests, overrides, history.
 
 The ledger is the record; MLflow aliases and `registry.stage` tags are display copies of what this replay says.
 The lifecycle is one explicit table (`TRANSITIONS`): anything else is refused with the allowed set.

@@ -1,4 +1,4 @@
-"""Test support for the registry and the approval app: identities, fully-lineaged training runs, stored evidence.
+"""Test support, outside the layers: for the registry and the approval app: identities, fully-lineaged training runs, stored evidence.
 
 Everything is written through the real stores (MLflow, the ledger); only the training itself is skipped: a run
 logs an HF folder as its model with every lineage tag a real training run records.

@@ -1,4 +1,4 @@
-"""The one door: every release act, checked and written here, in an order where the ledger decides.
+"""Layer 3 (the one door: lock, verify, plan, sign, append): every release act, checked and written here, in an order where the ledger decides.
 
 Only this module moves an MLflow alias or writes a governed tag (a test walks every module's AST to hold it).
 An act is serialized (a lock file beside a SQLite store; a PostgreSQL advisory lock otherwise), then, in one
@@ -54,6 +54,17 @@ def registry_aliases(model: str) -> dict[str, str]:
     return registered_aliases(model)
 
 
+def alias_drift(state, actual: dict[str, str] | None = None) -> list[str]:
+    """The governed aliases MLflow shows differently from the ledger (`actual`: MLflow's aliases, read now when
+    not given)."""
+    from registry.state import ALIAS_OF_STAGE
+
+    actual = registry_aliases(state.model) if actual is None else actual
+    return [f"@{alias} points to {actual.get(alias) or 'nothing'} in MLflow but the ledger says "
+            f"{state.aliases.get(alias) or 'nothing'}"
+            for alias in sorted(ALIAS_OF_STAGE.values()) if actual.get(alias) != state.aliases.get(alias)]
+
+
 def _move_aliases(model: str, moves: dict[str, tuple[str | None, str | None]], *, undo: bool = False,
                   store: str | None = None) -> None:
     from mlops.tracking import call, client
@@ -73,8 +84,6 @@ def _move_aliases(model: str, moves: dict[str, tuple[str | None, str | None]], *
 def _check_display_copy(state, model: str, plan: Plan, actual: dict[str, str] | None = None) -> None:
     """Refuse to move an alias that was moved behind the registry's back: the ledger's word must hold first.
     `actual`: MLflow's aliases read under this act's lock (read now when not given)."""
-    from registry.audit import alias_drift
-
     drifted = alias_drift(state, actual)  # the one comparison of MLflow's aliases with the ledger's
     if drifted:
         raise RefusedError(f"{drifted[0]}: it was moved outside the registry. Nothing was changed. Fix: run "

@@ -1,4 +1,4 @@
-"""Registering and listing model versions. Resolving refs lives in the core (`mlops.model_refs`).
+"""Layer 3 (MLflow's side of a registration): registering and listing model versions. Resolving refs lives in the core (`mlops.model_refs`).
 
 A version carries its run's lineage tags, its content id and its deployment profile (hash and YAML) as tags, so
 `describe` can say everything about it without downloading a byte of weights.

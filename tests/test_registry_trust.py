@@ -98,8 +98,8 @@ def test_adding_a_user_is_a_ledgered_admin_act_and_bootstrap_happens_once(reg):
 
 def test_the_release_policy_comes_from_the_ledger_not_the_environment_or_the_folder(reg, tmp_path, monkeypatch):
     from registry.audit import model_state
-    from registry.identities import set_policy
     from registry.gates import evaluate_gates
+    from registry.identities import set_policy
 
     strict = tmp_path / "strict.yaml"
     strict.write_text("registry:\n  spot_check:\n    required: true\n")

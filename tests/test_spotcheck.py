@@ -252,8 +252,8 @@ def test_a_first_release_is_spot_checked_blind_against_the_base_model_it_was_tra
     from mlops.paths import models_dir
     from mlops.tracking import init_experiment
     from registry.audit import model_state
-    from registry.resolve import release_policy
     from registry.release import register
+    from registry.resolve import release_policy
     from registry.spotcheck import blind_items, create, judge, record_many, summary
     from registry.testing import make_identities, training_run
 

@@ -92,8 +92,8 @@ def test_shadow_gate_reads_the_stored_report_and_says_how_to_make_one(reg):
 
 
 def test_a_registry_bootstrapped_without_a_policy_file_applies_no_new_gate(mlops_home):
-    from registry.resolve import release_policy
     from registry.gates import policy_gates
+    from registry.resolve import release_policy
     from registry.testing import make_identities
 
     make_identities()

@@ -11,12 +11,10 @@ logged file into the cache first.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import re
-
-from mlops.errors import MLOpsError
 from mlops.lineage import Tag
 from serving.engines.llamacpp.artifact import PackageMismatch  # noqa: F401 - raised by fetch_packaged
 
