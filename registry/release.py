@@ -76,7 +76,10 @@ def register(actor: Identity, run_id: str, name: str, *, url: str | None = None,
                            "current `mlops train run` (which records them all), after building the snapshot with "
                            "a tracked `mlops data build`.")
     evidence = {"run_id": run_id, "content_id": tags[Tag.MODEL_ID], "profile_hash": tags[Tag.PROFILE_HASH],
-                "snapshot_id": tags[Tag.SNAPSHOT_ID], "trainer": tags.get(Tag.ACTOR),
+                "snapshot_id": tags[Tag.SNAPSHOT_ID],
+                # A run tag is no proof of who trained: the name it claims may not approve, and a run that claims
+                # none is the registrar's to answer for (the registrar signs this entry; four-eyes excludes both).
+                "trainer": tags.get(Tag.ACTOR) or actor.name, "trainer_claimed_by_run": bool(tags.get(Tag.ACTOR)),
                 "lineage": {k: v for k, v in tags.items() if k.startswith("mlops.") and k != Tag.PROFILE},
                 **_hashed_files(run_id, artifact_path, tags[Tag.MODEL_ID])}
     found: list[str] = []

@@ -323,3 +323,16 @@ def test_reconcile_that_restores_a_deleted_alias_reports_it_and_exits_0(reg):
     assert code == 0, err
     assert "@production points to nothing in MLflow but the ledger says 1" in json.loads(out)["reason"]
     assert client().get_model_version_by_alias("bot", "production").version == "1"
+
+
+def test_a_version_trained_with_no_identity_is_its_registrars_to_answer_for(reg, tiny_model, tmp_path):
+    from registry.audit import model_state
+    from registry.release import decide, register, request
+    from registry.testing import training_run
+
+    run_id = training_run(Path(tiny_model["path"]), tmp=tmp_path / "anon", variant=7, trainer=None)
+    version = register(reg["who"]["admin"], run_id, "bot")  # the admin registers a run that names no trainer
+    assert model_state("bot").versions[version].trainer == "admin"
+    request(reg["who"]["tina"], "bot", version, "production", "anonymous run")
+    with pytest.raises(RefusedError, match="four-eyes rule: 'admin' trained and registered"):
+        decide(reg["who"]["admin"], "bot", version, "mine", approve=True)
