@@ -5,7 +5,9 @@ A slow password hash (argon2, bcrypt) protects low-entropy secrets a person pick
 entropy cannot be guessed from its digest, and SHA-256 costs microseconds per request where argon2 would
 cost tens of milliseconds on every call. The file is re-read when it changes, so `mlops serve keys add` and
 `revoke` take effect without a restart. Other verifiers (the registry's identities file) can be chained in
-through `KeyStore(..., extra=[...])`: each takes the bearer token and returns an identity or None.
+through `KeyStore(..., extra=[...])`: each takes the bearer token and returns an identity or None. The
+server asks `KeyStore.check`, which runs password sign-in off its event loop, under per-user and per-address
+backoff (`serving.backoff`); API keys never wait behind it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,38 +95,132 @@ def revoke_key(path: Path, key_id: str) -> dict:
     raise NotFoundError(f"no API key with id '{key_id}' in {path}; {did_you_mean(key_id, [k['id'] for k in keys])}.")
 
 
+class Throttled(Exception):
+    """Sign-in for this user or address is locked out for `retry_after` more seconds (serving.backoff)."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(f"too many failed sign-ins; retry after {retry_after:g} s")
+        self.retry_after = retry_after
+
+
+class Unavailable(Exception):
+    """The identity store could not be asked (an outage, a ledger that does not verify): nobody can be checked."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    identity: Identity | None
+    why: str = ""
+    status: int = 200  # 401 refused, 429 locked out (retry_after seconds), 503 the identity store is down
+    retry_after: float = 0.0
+
+
 class IdentityVerifier:
-    """`Bearer <user>:<password>` checked against the registry's identities (its verified ledger; argon2).
+    """`Bearer <user>:<password>` checked against the registry's identities: the password unlocks the person's key
+    file (argon2id, ~50 ms by design) and the verified ledger must still name that key.
 
-    argon2 costs tens of milliseconds by design, so a verdict is remembered for `ttl` seconds under the token's
-    SHA-256 (failures too: a client retrying a wrong password cannot make the server hash on every request).
-    A changed identity takes effect when the remembered verdicts expire."""
+    A verdict is remembered for `ttl` seconds under the token's SHA-256 (failures too). Failed attempts earn the
+    user and the client address a lockout (`serving.backoff`); while locked out nothing is checked. The server
+    runs the check on a worker thread (`check_async`), never on its event loop, and concurrent requests with the
+    same token share one check. Only the name is kept: the unlocked signer is dropped at once, and neither the
+    password nor key material is logged or answered. A changed identity takes effect when verdicts expire."""
 
-    def __init__(self, *, ttl: float = 60.0) -> None:
+    def __init__(self, *, ttl: float = 60.0, backoff=None, authenticate: Callable | None = None) -> None:
+        from serving.backoff import Backoff
+
         self.ttl = ttl
+        self.backoff = backoff or Backoff()
+        self._authenticate = authenticate  # default: mlops.identities.authenticate (a fake in tests)
         self._lock = threading.Lock()
         self._seen: dict[str, tuple[float, Identity | None]] = {}
+        self._running: dict[str, Future] = {}
 
-    def __call__(self, token: str) -> Identity | None:
+    def __call__(self, token: str, client: str | None = None) -> Identity | None:
+        """The same rules as `check_async`, checked on the calling thread."""
+        parsed = self._parse(token, client)
+        if parsed is None:
+            return None
+        name, password, key, keys, remembered = parsed
+        if remembered is not None:
+            return remembered
+        return self._checked(name, password, key, keys)
+
+    async def check_async(self, token: str, client: str | None = None) -> Identity | None:
+        """None (refused), an identity, or Throttled / Unavailable; the argon2 work runs on a worker thread."""
+        import asyncio
+
+        import anyio.to_thread
+
+        parsed = self._parse(token, client)
+        if parsed is None:
+            return None
+        name, password, key, keys, remembered = parsed
+        if remembered is not None:
+            return remembered
+        with self._lock:
+            running = self._running.get(key)
+            if running is None:
+                self._running[key] = mine = Future()
+        if running is not None:  # the same token is being checked for another request: share its verdict
+            self.backoff.end(keys, ok=None)
+            return await asyncio.wrap_future(running)
+        try:
+            identity = await anyio.to_thread.run_sync(self._checked, name, password, key, keys)
+            mine.set_result(identity)
+            return identity
+        except BaseException as err:
+            mine.set_exception(err)
+            mine.exception()  # retrieved: a future nobody else waited on must not warn
+            raise
+        finally:
+            with self._lock:
+                self._running.pop(key, None)
+
+    def _parse(self, token: str, client: str | None):
+        """(name, password, digest, backoff keys, remembered identity) or None for a token that is no password.
+        A remembered success answers at once; a remembered failure still counts, and a lockout raises."""
         name, sep, password = token.partition(":")
         if not sep or not name or not password:
             return None
         key, now = digest(token), time.monotonic()
         with self._lock:
             remembered = self._seen.get(key)
-        if remembered is not None and now - remembered[0] < self.ttl:
-            return remembered[1]
+        if remembered is not None and now - remembered[0] >= self.ttl:
+            remembered = None
+        if remembered is not None and remembered[1] is not None:
+            return name, password, key, [], remembered[1]  # proved within ttl: a lockout by others cannot stop it
+        keys = [f"user:{name}"] + ([f"addr:{client}"] if client else [])
+        wait = self.backoff.begin(keys)
+        if wait:
+            raise Throttled(wait)
+        if remembered is not None:  # the same wrong password again: a failure, and nothing to compute
+            self.backoff.end(keys, ok=False)
+            return None
+        return name, password, key, keys, None
+
+    def _checked(self, name: str, password: str, key: str, keys: list[str]) -> Identity | None:
+        """Runs the expensive check for an attempt `_parse` began; ends it in the backoff either way."""
         from mlops.identities import AuthError, authenticate
 
+        ok = None
         try:
-            identity: Identity | None = Identity(f"user:{name}", authenticate(name, password).name)
-        except AuthError:
-            identity = None
-        with self._lock:
-            if len(self._seen) > 10_000:  # bounded: forget everything rather than grow without end
-                self._seen.clear()
-            self._seen[key] = (now, identity)
-        return identity
+            try:
+                person = (self._authenticate or authenticate)(name, password)
+                identity: Identity | None = Identity(f"user:{name}", person.name)
+            except AuthError:
+                identity = None
+            except Exception as err:  # noqa: BLE001 - an outage is not a wrong password: neither counted nor kept
+                # Only the error's kind and the name: the password and any key material stay out of the log.
+                log.error("sign-in of '%s' could not be checked: %s", name, type(err).__name__)
+                raise Unavailable("the identity store cannot be read now") from None
+            ok = identity is not None
+            with self._lock:
+                if len(self._seen) > 10_000:  # bounded: forget everything rather than grow without end
+                    self._seen.clear()
+                self._seen[key] = (time.monotonic(), identity)
+            return identity
+        finally:
+            self.backoff.end(keys, ok=ok)
 
 
 class KeyStore:
@@ -143,25 +240,61 @@ class KeyStore:
     def count(self) -> int:
         return len(self._by_digest)
 
-    def verify(self, authorization: str | None) -> tuple[Identity | None, str]:
-        """(identity, "") for a valid key; (None, why) otherwise."""
+    def verify(self, authorization: str | None, client: str | None = None) -> tuple[Identity | None, str]:
+        """(identity, "") for a valid key; (None, why) otherwise. Checks extra verifiers on this thread."""
+        found, why, token = self._by_key(authorization)
+        if found is not None or not token:
+            return found, why
+        for verifier in self.extra:
+            try:
+                identity = verifier(token, client) if isinstance(verifier, IdentityVerifier) else verifier(token)
+            except (Throttled, Unavailable) as err:
+                return None, str(err)
+            if identity is not None:
+                return identity, ""
+        return None, "invalid API key"
+
+    async def check(self, authorization: str | None, client: str | None = None) -> Verdict:
+        """What the server answers: an API key is looked up on the event loop (microseconds, never locked out);
+        a password sign-in runs on a worker thread, under its backoff."""
+        import anyio.to_thread
+
+        found, why, token = self._by_key(authorization)
+        if found is not None or not token:
+            return Verdict(found, why, 200 if found else 401)
+        for verifier in self.extra:
+            try:
+                if isinstance(verifier, IdentityVerifier):
+                    identity = await verifier.check_async(token, client)
+                else:
+                    identity = await anyio.to_thread.run_sync(verifier, token)
+            except Throttled as err:
+                return Verdict(None, f"too many failed sign-ins from this user or address; retry in "
+                               f"{err.retry_after:g} seconds", 429, err.retry_after)
+            except Unavailable as err:
+                return Verdict(None, f"{err}; retry shortly or use an API key", 503, 5.0)
+            if identity is not None:
+                return Verdict(identity)
+        return Verdict(None, "invalid API key", 401)
+
+    def _by_key(self, authorization: str | None) -> tuple[Identity | None, str, str]:
+        """(identity, "", token) for a known API key; (None, why, "") for a malformed header; (None, "", token)
+        for a token the extra verifiers may know."""
         if not authorization:
-            return None, "missing API key: send 'Authorization: Bearer <key>'"
+            return None, "missing API key: send 'Authorization: Bearer <key>'", ""
         scheme, _, token = authorization.strip().partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
-            return None, "malformed Authorization header: use 'Authorization: Bearer <key>'"
+            return None, "malformed Authorization header: use 'Authorization: Bearer <key>'", ""
         self._maybe_reload()
         # A dict lookup by digest leaks timing about digests only, and a digest says nothing usable about a
         # 256-bit key: no constant-time comparison is needed here.
         found = self._by_digest.get(digest(token))
         if found is not None:
-            return found, ""
-        for verifier in self.extra:
-            identity = verifier(token)
-            if identity is not None:
-                return identity, ""
-        return None, "invalid API key"
+            return found, "", token
+        if not self.extra:
+            return None, "invalid API key", ""
+        return None, "", token
 
     def _maybe_reload(self) -> None:
         now = time.monotonic()

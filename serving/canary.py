@@ -2,8 +2,9 @@
 
 The canary version sits in a second `ModelSlot`; the registry follower (`registry.follow.Follower`, under
 `mlops serve --follow`) loads it when the ledger's state names a canary and unloads it when the canary stops.
-Which requests go there is a pure function of the request id (`sampled`), so a retried request with the same
-`X-Request-ID` lands on the same version. Requests routed here are labelled: `X-Model-Version` names the canary
+Which requests go there is a fresh server-side draw per request (`secrets.SystemRandom`), never anything the
+client sends: a client choosing its `X-Request-ID` (or any other header) cannot pick, or avoid, the canary, and
+the share holds whatever ids arrive. Requests routed here are labelled: `X-Model-Version` names the canary
 version, the request log stores them with `role='canary'`, and `/metrics` counts them per version
 (`mlops_serve_version_requests_total{role="canary"}`), which is what the canary controller reads. Past its
 `until` the route takes no more traffic even before the follower notices the stop.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import secrets
 import threading
 import time
 
@@ -20,7 +22,8 @@ log = logging.getLogger("mlops.serve")
 
 
 def sampled(request_id: str, share: float, salt: str) -> bool:
-    """Deterministic share of request ids; different salts (canary, shadow) pick independent subsets."""
+    """Deterministic share of request ids; different salts pick independent subsets. The shadow samples with it
+    (a background copy, nothing the client receives); canary routing does not (see the module docstring)."""
     if share <= 0:
         return False
     if share >= 1:
@@ -32,10 +35,11 @@ def sampled(request_id: str, share: float, salt: str) -> bool:
 class CanaryRoute:
     """A second slot and the share of traffic it takes; thread-safe."""
 
-    def __init__(self, slot, metrics=None, clock=time.time) -> None:
+    def __init__(self, slot, metrics=None, clock=time.time, draw=None) -> None:
         self.slot = slot  # serving.slot.ModelSlot
         self.metrics = metrics
         self.clock = clock
+        self.draw = draw or secrets.SystemRandom().random  # uniform in [0, 1); tests pass a seeded one
         self.version: str | None = None
         self.share = 0.0
         self.until: float | None = None
@@ -45,12 +49,12 @@ class CanaryRoute:
         return (self.version is not None and self.share > 0 and self.slot.current is not None
                 and (self.until is None or self.clock() < self.until))
 
-    def acquire(self, request_id: str):
-        """The canary's serving for this request when it falls in the share, else None (the caller uses the main
-        slot). Every serving returned needs `self.slot.release`."""
+    def acquire(self):
+        """The canary's serving when this request's draw falls in the share, else None (the caller uses the main
+        slot). Takes nothing from the request on purpose. Every serving returned needs `self.slot.release`."""
         from serving.slot import SlotError
 
-        if not self.active() or not sampled(request_id, self.share, "canary"):
+        if not self.active() or not (self.share >= 1 or self.draw() < self.share):
             return None
         try:
             return self.slot.acquire()

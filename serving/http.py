@@ -1,6 +1,6 @@
 """What every request goes through before and after its handler (one pure ASGI middleware, in this order):
 
-request id -> auth -> body-size limit -> model lease (the canary's for its share of generation requests, else
+request id -> auth (password sign-in on a worker thread, under backoff) -> body-size limit -> model lease (the canary's for its share of generation requests, else
 the main slot's) -> handler, then access log + metrics, then the request log row and the shadow offer (both
 queued for background threads, never awaited). It is a plain
 ASGI wrapper, not `BaseHTTPMiddleware`, so streaming responses, client disconnects and cancellation pass
@@ -68,10 +68,10 @@ class ServingMiddleware:
         ctx.metrics.inflight.inc()
         try:
             if ctx.keys is not None and not self._open(path):
-                identity, why = ctx.keys.verify(headers.get("authorization"))
+                verdict = await ctx.keys.check(headers.get("authorization"), record["client"])
+                identity = verdict.identity
                 if identity is None:
-                    await reply(send_with_ids, rid, ApiError(401, f"{why}.", code="invalid_api_key"),
-                                {"www-authenticate": "Bearer"})
+                    await reply(send_with_ids, rid, *_refusal(verdict))
                     return
                 record["key_id"] = identity.key_id
                 state["identity"] = identity
@@ -86,7 +86,7 @@ class ServingMiddleware:
                 from serving.slot import SlotError
 
                 if ctx.canary is not None and path in GENERATION_ROUTES:
-                    serving = ctx.canary.acquire(rid)
+                    serving = ctx.canary.acquire()  # a server-side draw, never the client's id
                     if serving is not None:
                         leased_from, record["role"] = ctx.canary.slot, "canary"
                 if serving is None:
@@ -183,6 +183,17 @@ def _replay(body: bytes | None, receive):
         return await receive()
 
     return replay
+
+
+def _refusal(verdict) -> tuple[ApiError, dict]:
+    """The answer to a request whose credentials did not pass (`serving.auth.Verdict`)."""
+    if verdict.status == 429:
+        return (ApiError(429, f"{verdict.why}.", code="too_many_sign_in_attempts"),
+                {"retry-after": str(int(verdict.retry_after))})
+    if verdict.status == 503:
+        return (ApiError(503, f"{verdict.why}.", code="identity_store_unavailable"),
+                {"retry-after": str(int(verdict.retry_after))})
+    return ApiError(401, f"{verdict.why}.", code="invalid_api_key"), {"www-authenticate": "Bearer"}
 
 
 async def reply(send, rid: str, err: ApiError, headers: dict | None = None) -> None:

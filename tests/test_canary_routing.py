@@ -3,6 +3,7 @@ per version in /metrics, and unloads it when the canary stops or runs out of tim
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
 
@@ -22,7 +23,6 @@ def test_canary_takes_its_share_labelled_and_counted_per_version_then_unloads(ml
     from registry.follow import Follower
     from registry.release import register
     from registry.testing import make_identities, release_version, training_run
-    from serving.canary import sampled
     from serving.config import ServeConfig
     from serving.metrics import version_stats
     from serving.request_log import RequestLogWriter
@@ -55,8 +55,9 @@ def test_canary_takes_its_share_labelled_and_counted_per_version_then_unloads(ml
         follower.poll_once()
         assert follower.canary_events == [f"started {v2}"] and app.state.canary.active()
         tag = "canary"
+        app.state.canary.draw, draws = random.Random(29).random, random.Random(29)  # the server's draw, seeded
         routed = versions(client)
-        expected = {rid: v2 if sampled(f"{rid}-{tag}", 0.5, "canary") else v1 for rid in ids}
+        expected = {rid: v2 if draws.random() < 0.5 else v1 for rid in ids}
         assert routed == expected and 3 <= list(routed.values()).count(v2) <= 13
         assert client.get("/v1/models").json()["data"][0]["version"] == v1  # only generation is routed
         stats = version_stats(client.get("/metrics").text)
@@ -94,6 +95,35 @@ def test_canary_takes_its_share_labelled_and_counted_per_version_then_unloads(ml
         {f"{rid}-canary" for rid, v in routed.items() if v == v2} | {f"{rid}-short" for rid in ids}
     assert {r["version"] for r in canary_rows} == {v2}
     assert all(r["version"] == v1 for r in rows if r["role"] == "user")
+
+
+def test_the_canary_split_follows_the_share_whatever_request_id_the_client_sends(tiny_model):
+    """The client's X-Request-ID used to decide the route: an id the old hash sent to the canary (or away from it)
+    must now get the share, like any other."""
+    import hashlib
+
+    from fastapi.testclient import TestClient
+
+    from mlops.profile import load_profile
+    from serving.config import ServeConfig
+    from serving.server import create_app
+
+    def old_route(rid: str) -> bool:
+        return int.from_bytes(hashlib.blake2b(f"canary:{rid}".encode(), digest_size=8).digest(), "big") / 2**64 < 0.3
+
+    profile = load_profile(tiny_model["path"])
+    app = create_app(tiny_model["path"], profile, model_name="tiny", version="1", config=ServeConfig())
+    app.state.canary.slot.load_and_swap(tiny_model["path"], profile, "2")
+    app.state.canary.set("2", 0.3, None)
+    chosen = next(f"pick-{i}" for i in range(1000) if old_route(f"pick-{i}"))
+    avoided = next(f"dodge-{i}" for i in range(1000) if not old_route(f"dodge-{i}"))
+    body = {"prompt": "hi", "max_tokens": 1}
+    with TestClient(app) as client:
+        for rid in (chosen, avoided):
+            answered = [client.post("/v1/completions", json=body, headers={"X-Request-ID": rid}) for _ in range(200)]
+            assert all(a.status_code == 200 and a.headers["x-request-id"] == rid for a in answered)
+            to_canary = sum(a.headers["x-model-version"] == "2" for a in answered)
+            assert 30 <= to_canary <= 90, (rid, to_canary)  # 60 expected; > 4.5 standard deviations either way
 
 
 def test_a_canary_that_fails_to_load_leaves_all_traffic_on_the_serving_version(mlops_home, tiny_model, tmp_path,
