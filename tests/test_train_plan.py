@@ -136,3 +136,36 @@ def test_train_run_refuses_a_job_that_cannot_fit_before_any_folder_or_run(mlops_
         assert prep.lineage.as_tags()[Tag.PRECISION] == "fp32"
     finally:
         prep.release()
+
+
+def test_a_snapshot_tokenized_for_another_model_is_refused_naming_both_hashes(mlops_home, tiny_model, tmp_path):
+    from mlops.data.format import write_snapshot
+    from mlops.data.tokenize import tokenizer_info
+    from training.prepare import prepare
+    from training.synthetic import pattern_samples
+
+    ours = tokenizer_info(tiny_model["path"])
+    samples = {"train": pattern_samples(16, 32, seed=1), "validation": pattern_samples(4, 32, seed=2)}
+    same = write_snapshot(samples, seq_len=32, tokenizer=ours, config_hash="same").name
+    other = write_snapshot(samples, seq_len=32, config_hash="other",
+                           tokenizer={**ours, "chat_template_hash": "f" * 64, "hash": "x"}).name
+
+    def cfg(snapshot):
+        return load_config(None, tiny_overrides(snapshot, base_model=tiny_model["path"],
+                                                **{"train.checkpoint.dir": str(tmp_path / snapshot)}))
+
+    prepare(cfg(same)).release()
+    with pytest.raises(ConfigError, match=rf"chat template .* chat_template_hash ffffffffffffffff .*"
+                                          rf"chat_template_hash {ours['chat_template_hash'][:16]}"):
+        prepare(cfg(other))
+    assert not (tmp_path / other).exists()
+
+
+def test_ranks_with_different_packages_are_named():
+    from training.consistency import compare, fingerprint
+
+    mine = fingerprint()
+    assert {"python", "torch", "cuda", "deepspeed", "transformers", "peft", "bitsandbytes", "image"} <= set(mine)
+    assert compare([mine, dict(mine)]) is None
+    problem = compare([mine, mine, {**mine, "deepspeed": "0.18.0"}])
+    assert problem == f"deepspeed: {mine['deepspeed']} on ranks 0,1, 0.18.0 on rank 2"

@@ -50,14 +50,34 @@ def init_world(backend: str = "auto") -> World:
     return World(dist.get_rank(), dist.get_world_size(), local, f"cuda:{local}" if gpu else "cpu", chosen)
 
 
-def build_model(base_path: str, cfg, seed: int):
-    """The trainable model: a peft LoRA wrapper over the base, or the whole base for full fine-tuning."""
+def build_model(base_path: str, cfg, seed: int, *, ds: dict | None = None):
+    """The trainable model: a peft LoRA wrapper over the base, or the whole base for full fine-tuning.
+
+    `ds` (the DeepSpeed config) means "for training": under ZeRO-3 the weights are partitioned as they load
+    (transformers' HfDeepSpeedConfig makes from_pretrained run inside deepspeed.zero.Init), so no rank ever
+    holds the whole model; and train.activation_checkpointing turns on non-reentrant HF gradient checkpointing.
+    Weights load in fp32 in every precision: DeepSpeed casts them and keeps the fp32 master copy."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)  # LoRA's A matrices are random: the same on every rank and every rerun
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, trust_remote_code=False)
+    zero3 = ds is not None and cfg.zero_stage == 3
+    if zero3:
+        from transformers.integrations import HfDeepSpeedConfig, unset_hf_deepspeed_config
+
+        marker = HfDeepSpeedConfig(ds)  # transformers holds it weakly: alive for the load only
+    try:
+        model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    finally:
+        if zero3:
+            # Left set, every later from_pretrained in this process (the final model, built on rank 0 alone)
+            # would partition over ranks that never join it.
+            del marker
+            unset_hf_deepspeed_config()
     model.config.use_cache = False
+    if ds is not None and cfg.activation_checkpointing:
+        # Non-reentrant: works with frozen inputs (LoRA) and keeps the RNG state, so dropout recomputes alike.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.mode == "lora":
         from peft import LoraConfig, get_peft_model
 
@@ -83,18 +103,35 @@ def lr_lambda(cfg):
     return factor
 
 
-def ds_config(cfg, world: World, *, micro: int, accum: int, universal: bool = False) -> dict:
+def ds_config(cfg, world: World, *, micro: int, accum: int, universal: bool = False,
+              precision: str = "fp32") -> dict:
+    zero = {"stage": int(cfg.zero_stage)}
+    gpu = world.device != "cpu"
+    if cfg.offload != "none":
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": gpu}
+    if cfg.offload == "optimizer_and_params":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": gpu}
     config = {
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": accum,
         "train_batch_size": micro * accum * world.size,
         "gradient_clipping": float(cfg.grad_clip),  # DeepSpeed defaults it to 1.0: always spell it out
-        "zero_optimization": {"stage": int(cfg.zero_stage)},
+        "zero_optimization": zero,
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,
         "checkpoint": {"load_universal": universal},
     }
+    if cfg.offload != "none":
+        # Keep the torch AdamW under offload too: DeepSpeed would otherwise demand its CPUAdam, which compiles
+        # first (~75 s) and updates with other numerics than the non-offloaded runs.
+        config["zero_force_ds_cpu_optimizer"] = False
+    if precision == "bf16":
+        config["bf16"] = {"enabled": True}
+    elif precision == "fp16":
+        # Dynamic loss scaling: start at 2^16, halve on overflow (that step is skipped), double after 1000 clean ones.
+        config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                          "hysteresis": 2, "min_loss_scale": 1}
     return _merge(config, dict(cfg.deepspeed.extra))
 
 
@@ -120,13 +157,22 @@ def initialize(model, cfg, config: dict):
 
 
 def grad_norm_before_step(engine) -> float:
-    """The global L2 grad norm at the accumulation boundary, before the optimizer step (same on all ranks)."""
+    """The global L2 grad norm at the accumulation boundary, before the optimizer step (same on all ranks),
+    unscaled: each DeepSpeed optimizer keeps the gradients where its own step reads them."""
     import torch
 
-    if engine.zero_optimization():
+    opt = engine.optimizer
+    if hasattr(opt, "scaled_global_norm"):
         # ZeRO-1/2 keep this rank's reduced partition; the optimizer's own norm all-reduces the pieces.
-        return float(engine.optimizer.scaled_global_norm())
+        return float(opt.scaled_global_norm()) / float(getattr(opt, "loss_scale", 1.0) or 1.0)
+    if hasattr(opt, "_get_norm_groups"):
+        from deepspeed.runtime.zero.stage3 import combine_grad_norm_groups
+
+        # ZeRO-3: the partitioned, averaged gradients, as its step() measures them.
+        return float(combine_grad_norm_groups(opt._get_norm_groups())) / float(opt.loss_scale or 1.0)
+    # ZeRO-0 (fp32, or DeepSpeed's bf16/fp16 wrapper): the module's own gradients, summed in fp32.
     grads = [p.grad for p in engine.module.parameters() if p.requires_grad and p.grad is not None]
     if not grads:
         return 0.0
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+    scale = float(getattr(opt, "cur_scale", 1.0) or 1.0)
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))) / scale

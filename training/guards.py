@@ -35,15 +35,18 @@ def check_weights(engine, device: str) -> tuple[bool, str, float]:
     import torch
     import torch.distributed as dist
 
-    params = [p.detach() for p in engine.module.parameters() if p.requires_grad]
+    trainable = [p for p in engine.module.parameters() if p.requires_grad]
+    # ZeRO-3 partitions the weights: each rank checks its shard, and the squares add up across ranks.
+    sharded = any(hasattr(p, "ds_tensor") for p in trainable)
+    params = [(p.ds_tensor if sharded else p).detach().float() for p in trainable]
     if not params:
         return True, "", 0.0
     norms = torch._foreach_norm(params)
     total = torch.linalg.vector_norm(torch.stack(norms)).double().reshape(1)
     if dist.is_initialized() and dist.get_world_size() > 1:
-        total = total.to(device)
+        total = (total**2 if sharded else total).to(device)
         dist.all_reduce(total)  # a sum, not a max: nan propagates through a sum, a max may drop it
-        total = total / dist.get_world_size()
+        total = total.sqrt() if sharded else total / dist.get_world_size()
     value = float(total.item())
     if not math.isfinite(value):
         return False, f"non-finite weights after the update (weight norm {value})", value

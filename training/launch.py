@@ -288,6 +288,9 @@ def _work(cfg, spec: dict, ckpt_dir: Path, preempted: type) -> None:
 
     world = init_world(cfg.train.deepspeed.backend)
     try:
+        from training.consistency import check_ranks
+
+        check_ranks(world)  # every rank agrees or every rank refuses, before anything else
         prep = prepare(cfg, world.size, smoke=spec["smoke"], verify_inputs=False, lock=False, ckpt_dir=ckpt_dir)
         result = train(cfg, prepared=prep).as_dict()
     except preempted as err:  # every rank agreed on the stop: they all reach the barrier below

@@ -35,18 +35,23 @@ def count_params(model) -> ParamCounts:
         if id(p) in seen:
             continue
         seen.add(id(p))
-        total += p.numel()
-        trainable += p.numel() if p.requires_grad else 0
+        total += _numel(p)
+        trainable += _numel(p) if p.requires_grad else 0
     counted: set[int] = set()
     for module in model.modules():
         weight = getattr(module, "weight", None)
         if isinstance(module, torch.nn.Linear) and weight is not None and id(weight) not in counted:
             counted.add(id(weight))
             if weight.requires_grad:
-                mm_train += weight.numel()
+                mm_train += _numel(weight)
             else:
-                mm_frozen += weight.numel()
+                mm_frozen += _numel(weight)
     return ParamCounts(total, trainable, mm_train, mm_frozen)
+
+
+def _numel(p) -> int:
+    """Elements of a parameter, also when ZeRO-3 has partitioned it (its local tensor is then empty)."""
+    return int(getattr(p, "ds_numel", p.numel()))
 
 
 def flops_per_token(counts: ParamCounts, *, layers: int, hidden: int, seq_len: int) -> float:

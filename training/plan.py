@@ -58,8 +58,11 @@ def make_plan(model, prep, reader, micro_batch, device: str, *, measure: bool = 
     fpt = flops_per_token(counts, layers=layers, hidden=hidden, seq_len=round(mean_len))
     tokens = t.max_steps * prep.global_batch * mean_len
     seq = max_len
+    layer_params = max(0, counts.matmul_trainable + counts.matmul_frozen - mc.vocab_size * hidden) // max(1, layers)
     memory = memory_plan(counts, zero_stage=t.zero_stage, world=prep.world_size, micro=prep.micro, seq_len=seq,
-                         layers=layers, hidden=hidden, heads=mc.num_attention_heads, vocab=mc.vocab_size)
+                         layers=layers, hidden=hidden, heads=mc.num_attention_heads, vocab=mc.vocab_size,
+                         precision=prep.precision, offload=t.offload, checkpointing=t.activation_checkpointing,
+                         layer_params=layer_params, score_matrices=device == "cpu")  # as the planner assumes
     peak = t.peak_flops or measured_peak_flops(device)
     plan = {
         "params_total": counts.total,

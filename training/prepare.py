@@ -93,6 +93,10 @@ def prepare(cfg, world_size: int = 1, *, smoke: bool = False, verify_inputs: boo
     snapshot_dir, manifest = open_snapshot(t.snapshot, verify=verify_inputs)
     _check_seq_len(manifest, snapshot_dir)
     base = ensure_base_model(cfg.base_model)
+    if lock:  # the launcher (or the only process) checks; its workers trust it
+        from training.consistency import check_tokenizer
+
+        check_tokenizer(manifest, t.snapshot, base)
     precision, verdict = _check_plan(cfg, world_size, base["path"], checked=lock)
     lineage = collect_lineage(
         digest, cfg.run.seed, base_model=base["name"], base_model_id=base["id"], snapshot_id=t.snapshot,

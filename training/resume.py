@@ -21,7 +21,7 @@ from mlops.errors import ConfigError
 LEDGER = "resume.json"
 # Dotted prefixes of the settings that define a training job. LoRA settings only count in LoRA mode.
 IMMUTABLE = ("base_model", "run.seed", "train.snapshot", "train.mode", "train.lora", "train.zero_stage",
-             "train.max_seq_len", "train.deepspeed.extra")
+             "train.max_seq_len", "train.deepspeed.extra", "train.precision")
 # How a run is resumed, not what it is: never a change.
 IGNORED = ("train.checkpoint.resume", "train.checkpoint.dir")
 BATCH = "global batch (sequences per optimizer step)"

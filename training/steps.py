@@ -131,15 +131,21 @@ def validate(run) -> dict:
     engine, dev = run.engine, run.world.device
     total = torch.zeros(2, dtype=torch.float64)
     engine.eval()
+    batches = validation_batches(run.val_reader, micro=run.prep.micro, world=run.world.size,
+                                 rank=run.world.rank, limit=run.t.eval_samples, max_len=run.t.max_seq_len)
+    if run.t.zero_stage == 3:
+        batches = _same_count(list(batches), dev)
     with torch.no_grad():
-        for mb in validation_batches(run.val_reader, micro=run.prep.micro, world=run.world.size,
-                                     rank=run.world.rank, limit=run.t.eval_samples, max_len=run.t.max_seq_len):
-            n = int((mb.labels[:, 1:] != -100).sum())
-            if n == 0:
+        for mb in batches:
+            n = int((mb.labels[:, 1:] != -100).sum()) if mb is not None else 0
+            if n == 0 and run.t.zero_stage != 3:
                 continue
-            out = engine.module(input_ids=mb.input_ids.to(dev), attention_mask=mb.attention_mask.to(dev),
-                                labels=mb.labels.to(dev))
-            total += torch.tensor([float(out.loss) * n, n], dtype=torch.float64)
+            ids = mb.input_ids if mb is not None else torch.zeros((1, 2), dtype=torch.long)
+            mask = mb.attention_mask if mb is not None else torch.ones_like(ids)
+            out = engine.module(input_ids=ids.to(dev), attention_mask=mask.to(dev),
+                                labels=(mb.labels if mb is not None else ids).to(dev))
+            if n:
+                total += torch.tensor([float(out.loss) * n, n], dtype=torch.float64)
     engine.train()
     total = total.to(dev)
     dist.all_reduce(total)
@@ -148,3 +154,14 @@ def validate(run) -> dict:
         return {}
     val_loss = float(total[0] / total[1])
     return {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0))}
+
+
+def _same_count(batches: list, device: str) -> list:
+    """Under ZeRO-3 every forward gathers the weights from all ranks, so every rank must run as many forwards:
+    a rank with fewer validation batches pads with None (a forward that counts nothing)."""
+    import torch
+    import torch.distributed as dist
+
+    most = torch.tensor([len(batches)], device=device)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    return batches + [None] * (int(most.item()) - len(batches))

@@ -59,9 +59,11 @@ def train(cfg, tracker=None, *, report: Callable[[int, dict], None] | None = Non
     `tracker` is the run to log to (only used on rank 0); without one, a run is opened, attached to the
     checkpoint's run when resuming. The run is closed with its final status either way.
     """
+    from training.consistency import check_ranks
     from training.engine import init_world
 
     world = init_world(cfg.train.deepspeed.backend if cfg.train else "auto")
+    check_ranks(world)  # before any folder, run or collective that a mismatched rank could hang
     prep = prepared or prepare(cfg, world.size)
     run = None
     try:
@@ -117,7 +119,9 @@ class _Run:
         seed = prep.cfg.run.seed
         self.reader = SnapshotReader(prep.snapshot_dir, "train")
         self.val_reader = SnapshotReader(prep.snapshot_dir, "validation")
-        model = build_model(prep.base["path"], t, seed)
+        config = ds_config(t, w, micro=prep.micro, accum=prep.accum, universal=prep.universal,
+                           precision=prep.precision)
+        model = build_model(prep.base["path"], t, seed, ds=config)
         _seed_all(seed + w.rank)
         model.to(w.device)
         resuming = prep.resume_from is not None
@@ -125,8 +129,9 @@ class _Run:
                             rank=w.rank, max_len=t.max_seq_len).next_step().micro[0]
         from training.plan import describe, make_plan
 
-        self.plan = make_plan(model, prep, self.reader, first, w.device, measure=not resuming)
-        config = ds_config(t, w, micro=prep.micro, accum=prep.accum, universal=prep.universal)
+        # A ZeRO-3 model is partitioned already: it runs forward only inside the engine, so no warm-up there.
+        measure = not resuming and t.zero_stage != 3
+        self.plan = make_plan(model, prep, self.reader, first, w.device, measure=measure)
         self._log_start(config)
         if self.rank0:
             print(describe(self.plan), flush=True)
@@ -281,7 +286,7 @@ class _Run:
                   "loss": self.losses[-1] if self.losses else self.last_loss,
                   "last_metrics": self.last_metrics, "universal_checkpoint_info": {"universal_checkpoint_version": 0.2}}
         fields = {"tokens_seen": self.tokens_seen, "world_size": self.world.size, "zero_stage": self.t.zero_stage,
-                  "data": data, "global_batch": self.prep.global_batch}
+                  "precision": self.prep.precision, "data": data, "global_batch": self.prep.global_batch}
         self.saver.save(self.engine, self.step, client, fields)
         self.last_save = time.monotonic()
         self.tracker.log_metrics({"checkpoint_save_s": self.saver.last_save_s}, self.step)
