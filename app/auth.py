@@ -1,8 +1,10 @@
 """Login against the registry's identities file, with an idle timeout.
 
-Passwords are checked by `mlops.identities.authenticate` (argon2id, the registry's verified ledger, as the CLI). The
-session keeps only the name: the role is re-read from the identities file at every interaction, so a removed
-user or a changed role takes effect at once. Actions are recorded under this identity; there is no name field.
+Passwords are checked by `mlops.identities.authenticate`, as the CLI: the password unlocks the person's own key file
+(argon2id) and the verified ledger must name its public key. The session keeps the name and the unlocked signer
+(in the server's memory only: never rendered, logged or serialized; acts are signed with it). The role and the
+public key are re-read from the ledger at every interaction, so a removed user, a changed role, or a rotated or
+revoked key takes effect at once. Actions are recorded under this identity; there is no name field.
 A session lives in the server's memory for one browser tab (no cookie), so a reload asks to log in again.
 """
 
@@ -42,9 +44,13 @@ def current(timeout_min: float, *, touch: bool = True) -> Identity | None:
     if now - info["seen"] > timeout_min * 60:
         _end(f"Your session expired after {timeout_min:g} minutes without activity. Log in again.")
         return None
+    signer = info.get("signer")
     try:
         user = user_of(info["name"])
         role = user.role if user else None
+        if user is not None and signer is not None and user.public_key != signer.public_key:
+            _end(f"The key '{info['name']}' logged in with was rotated or revoked. Log in again with the new one.")
+            return None
     except LedgerBroken as err:
         _end(str(err))
         return None
@@ -55,7 +61,7 @@ def current(timeout_min: float, *, touch: bool = True) -> Identity | None:
         return None
     if touch:
         info["seen"] = now
-    return Identity(info["name"], role)
+    return Identity(info["name"], role, signer=signer)
 
 
 def log_in(name: str, password: str) -> Identity | None:
@@ -72,7 +78,9 @@ def log_in(name: str, password: str) -> Identity | None:
     except MLOpsError as err:  # the registry cannot be read or does not verify: nobody can be checked
         st.session_state[NOTICE_KEY] = str(err)
         return None
-    st.session_state[SESSION_KEY] = {"name": identity.name, "role": identity.role, "seen": time.time()}
+    # The signer stays in this server's memory for the session: it is never put on the page or serialized.
+    st.session_state[SESSION_KEY] = {"name": identity.name, "role": identity.role, "signer": identity.signer,
+                                     "seen": time.time()}
     st.session_state.pop(NOTICE_KEY, None)
     return identity
 
@@ -84,10 +92,12 @@ def log_out() -> None:
 def login_page() -> None:
     import streamlit as st
 
+    from app.ui import md
+
     st.title("Release approvals")
     st.caption("Log in with your registry identity (`mlops registry user list` names them).")
     if st.session_state.get(NOTICE_KEY):
-        st.info(st.session_state[NOTICE_KEY])
+        st.info(md(st.session_state[NOTICE_KEY]))
     with st.form("login", width=420):
         name = st.text_input("User", key="login_user")
         password = st.text_input("Password", type="password", key="login_password")

@@ -20,7 +20,7 @@ def _sidebar(identity) -> None:
     from app import auth, data, ui
 
     with st.sidebar:
-        st.markdown(f"**{identity.name}** · {identity.role}")
+        st.markdown(f"**{ui.md(identity.name)}** · {ui.md(identity.role)}")
         if not identity.can("promote") and not identity.can("approve") and not identity.can("request"):
             st.caption("Read-only: this role sees everything and changes nothing.")
         left, right = st.columns(2)
@@ -32,7 +32,7 @@ def _sidebar(identity) -> None:
         with ui.guard("Store"):
             from mlops.tracking import display_uri, tracking_uri
 
-            st.caption(f"Tracking: `{display_uri(tracking_uri())}`")
+            st.caption(f"Tracking: {ui.code(display_uri(tracking_uri()))}")
 
 
 def run() -> None:

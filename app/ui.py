@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from pathlib import Path
 
 from mlops.errors import MLOpsError
@@ -20,14 +21,44 @@ FLASH_KEY = "mlops_flash"
 OK, BAD = ":green[:material/check_circle:]", ":red[:material/cancel:]"  # icons from Streamlit's own font
 
 
-MARKDOWN_SPECIAL = set("\\`*_{}[]()<>#+-.!|~$:")
+MARKDOWN_SPECIAL = set("\\`*_{}[]()<>#+-.!|~$:&=")
+_RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
+# The one escape of the app: every string that comes from MLflow, the ledger, a report or a person (model names,
+# tags, run names, reasons, comments, gate details, errors that quote them) reaches Markdown through `md` (or
+# `code` inside backticks); raw blocks go to `st.code`, tables to `st.dataframe`, both shown as plain text.
 def md(value) -> str:
     """Text typed by a person or produced by a model, made safe to put inside Markdown: shown as written, never
-    read as a link, an image, emphasis, a colour directive or a formula."""
+    read as a link, an image, HTML, emphasis, a heading, a colour directive or a formula."""
     text = " ".join(str("" if value is None else value).split())
     return "".join(f"\\{ch}" if ch in MARKDOWN_SPECIAL else ch for ch in text)
+
+
+def code(value) -> str:
+    """`value` as inline code: a literal span whatever it holds (a fence longer than any backtick run inside)."""
+    text = " ".join(str("" if value is None else value).split()) or " "
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+_SECRET_FIELD = re.compile(r"pass(word|wd|phrase)|secret|private|sealed|(^|_)kdf$|(^|_)(access_|auth_|bearer_)?token$"
+                           r"|credential|api_?key", re.I)
+_SECRET_VALUE = re.compile(r"^\$(argon2|2[aby]\$|scrypt|pbkdf2)|PRIVATE KEY", re.I)
+REDACTED = "[redacted]"
+
+
+def redacted(value):
+    """`value` (a ledger entry, its evidence) with password hashes and private key material replaced: a field
+    named like a secret, or a value that looks like a password hash or a PEM private key."""
+    if isinstance(value, dict):
+        return {k: REDACTED if _SECRET_FIELD.search(str(k)) else redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redacted(v) for v in value]
+    if isinstance(value, str) and _SECRET_VALUE.search(value):
+        return REDACTED
+    return value
 
 
 def plain(err: BaseException) -> str:
@@ -48,10 +79,10 @@ def guard(what: str):
     try:
         yield
     except MLOpsError as err:
-        st.error(f"{what}: {plain(err)}")
+        st.error(f"{what}: {md(plain(err))}")
     except Exception as err:  # noqa: BLE001 - no traceback may reach the page; the log keeps it
         log.exception("app: %s failed", what)
-        st.error(f"{what}: {plain(err)}")
+        st.error(f"{what}: {md(plain(err))}")
 
 
 def flash(kind: str, text: str, **extra) -> None:
@@ -66,7 +97,7 @@ def show_flash() -> dict | None:
 
     message = st.session_state.pop(FLASH_KEY, None)
     if message:
-        {"success": st.success, "error": st.error}.get(message["kind"], st.info)(message["text"])
+        {"success": st.success, "error": st.error}.get(message["kind"], st.info)(md(message["text"]))
     return message
 
 
@@ -131,15 +162,18 @@ def mlflow_ui() -> str | None:
 
 
 def run_ref(run_id: str | None, experiment_id: str | None = None) -> str:
-    """Markdown for a run: a link into the MLflow UI when one is known, else the id."""
+    """Markdown for a run: a link into the MLflow UI when one is known, else the id. An id that is not one
+    (it comes from tags and evidence anyone with MLflow access can write) is shown as text, never linked."""
     if not run_id:
         return "—"
+    if not _RUN_ID.match(str(run_id)):
+        return md(run_id)
     base = mlflow_ui()
     if base and not experiment_id:
         from app import data
 
         experiment_id = (data.run_summary(data.store(), run_id) or {}).get("experiment_id")
-    if base and experiment_id:
+    if base and experiment_id and _RUN_ID.match(str(experiment_id)):
         return f"[`{run_id[:12]}`]({base}/#/experiments/{experiment_id}/runs/{run_id})"
     return f"`{run_id[:12]}`"
 
@@ -147,7 +181,7 @@ def run_ref(run_id: str | None, experiment_id: str | None = None) -> str:
 def link_version(model: str, version: str, label: str | None = None, page: str = "version") -> None:
     import streamlit as st
 
-    st.page_link(PAGES[page], label=label or f"{model} v{version}", query_params={"model": model,
+    st.page_link(PAGES[page], label=md(label or f"{model} v{version}"), query_params={"model": model,
                                                                                    "version": str(version)})
 
 
@@ -156,7 +190,7 @@ def denied(permission) -> None:
     import streamlit as st
 
     if not permission.ok:
-        st.caption(f":material/block: {permission.reason}")
+        st.caption(f":material/block: {md(permission.reason)}")
 
 
 def ts(text: str | None) -> str:

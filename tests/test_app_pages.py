@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -12,7 +13,8 @@ from registry.testing import PASSWORDS
 
 
 def texts(at, kind: str) -> list[str]:
-    return [str(e.value) for e in getattr(at, kind)]
+    """The elements' text as read on the page: Markdown escapes (`ui.md`) are undone."""
+    return [re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", str(e.value)) for e in getattr(at, kind)]
 
 
 def everything(at) -> str:
@@ -229,7 +231,7 @@ def test_text_people_typed_is_shown_as_text_not_rendered_as_markdown(app_store):
     request(signed_in("tina"), "bot", "4", "production", "![pixel](http://tracker.example/p.png) "
             "[click](http://evil.example) :red[URGENT]")
     at = open_page(logged_in("vic"), "approvals")
-    shown = "\n".join(texts(at, "markdown"))
+    shown = "\n".join(str(e.value) for e in at.markdown)  # the source, escapes included
     assert "\\!\\[pixel\\]\\(http\\://tracker" in shown and "\\:red\\[URGENT\\]" in shown
     assert "![pixel](" not in shown and "[click](http" not in shown
 

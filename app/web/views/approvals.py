@@ -18,14 +18,15 @@ for model, req in sorted(queue, key=lambda item: item[1].ts):
     state = data.model_state(store, model)
     key = f"{model}-{req.version}-{req.seq}"
     with st.container(border=True):
-        st.markdown(f"#### {model} v{req.version} → {req.to_stage}")
-        st.markdown(f"Requested by **{req.requester}** at {ui.ts(req.ts)}: {ui.md(req.comment)}  \n"
-                    f"Trained by **{state.versions[req.version].trainer or 'unknown'}**, registered by "
-                    f"**{state.versions[req.version].registered_by}** · now {state.stage_of(req.version)}")
+        st.markdown(f"#### {ui.md(model)} v{ui.md(req.version)} → {ui.md(req.to_stage)}")
+        st.markdown(f"Requested by **{ui.md(req.requester)}** at {ui.ts(req.ts)}: {ui.md(req.comment)}  \n"
+                    f"Trained by **{ui.md(state.versions[req.version].trainer or 'unknown')}**, registered by "
+                    f"**{ui.md(state.versions[req.version].registered_by)}** · now "
+                    f"{ui.md(state.stage_of(req.version))}")
         gates = []
         with ui.guard("Gates"):
             gates = data.gate_results(store, model, req.version, state.last_seq)
-            st.markdown("  \n".join(f"{ui.OK if g['ok'] else ui.BAD} **{g['gate']}**: "
+            st.markdown("  \n".join(f"{ui.OK if g['ok'] else ui.BAD} **{ui.md(g['gate'])}**: "
                                     f"{ui.md(lineage.gate_row(g)['result'])}: {ui.md(g['detail'])}" for g in gates))
         left, right = st.columns(2)
         left.page_link(ui.PAGES["version"], label="Lineage and evidence", icon=":material/account_tree:",

@@ -17,7 +17,7 @@ if model is None:
 state = data.model_state(store, model)
 versions = ui.sorted_versions(state)
 if not versions:
-    st.info(f"'{model}' has no version registered through the registry.")
+    st.info(f"'{ui.md(model)}' has no version registered through the registry.")
     st.stop()
 champion = state.aliases.get("production")
 pending = [r.version for r in state.pending() if r.to_stage == "production"]
@@ -32,7 +32,7 @@ earlier = cmp.earlier_champions(data.entries(store, model), {champion or "", cha
 with right:
     history = st.multiselect("Earlier champions", earlier, default=earlier[:2], key="history",
                              format_func=lambda v: ui.version_label(state, v))
-st.caption(f"Champion: {ui.version_label(state, champion) if champion else 'none yet (the gate used floors)'}")
+st.caption(f"Champion: {ui.md(ui.version_label(state, champion)) if champion else 'none yet (the gate used floors)'}")
 
 label = {challenger: f"challenger v{challenger}"}
 if champion:
@@ -53,7 +53,7 @@ with ui.guard("Eval results"):
         summaries[v] = data.run_json(store, eval_runs[v], "eval/summary.json")
 missing = [label[v] for v in label if not summaries.get(v)]
 if missing:
-    st.warning(f"No stored eval results for: {', '.join(missing)}. Run `mlops eval` on them.")
+    st.warning(f"No stored eval results for: {ui.md(', '.join(missing))}. Run `mlops eval` on them.")
 rows = [r for v in label if summaries.get(v) for r in cmp.score_rows(label[v], summaries[v], z)]
 st.subheader("Scores")
 st.caption(f"Points are scores, bars their intervals (± {z:g} stderr, the gate's z).")
@@ -66,16 +66,17 @@ for group, title in (("general task", "General tasks"), ("business dimension", "
 st.subheader("Gate")
 with ui.guard("Gate"):
     if report is None:
-        st.warning(f"v{challenger} has no stored gate report. Run `mlops gate --challenger models:/{model}/"
-                   f"{challenger} --champion models:/{model}@production`.")
+        st.warning(f"v{ui.md(challenger)} has no stored gate report. Run "
+                   + ui.code(f"mlops gate --challenger models:/{model}/{challenger} --champion "
+                             f"models:/{model}@production") + ".")
     else:
         eval_gate = next((g for g in data.gate_results(store, model, challenger, state.last_seq)
                           if g["gate"] == "eval"), None) if challenger in state.versions else None
         verdict = (report.get("result") or "?").upper()
-        st.markdown(f"Gate run {ui.run_ref(report['run_id'])}: **{verdict}** · challenger "
-                    f"`{report.get('challenger')}` vs `{report.get('champion') or 'floors'}`")
+        st.markdown(f"Gate run {ui.run_ref(report['run_id'])}: **{ui.md(verdict)}** · challenger "
+                    f"{ui.code(report.get('challenger'))} vs {ui.code(report.get('champion') or 'floors')}")
         if eval_gate and not eval_gate["ok"]:
-            st.error(f"Release gate: {eval_gate['detail']}")
+            st.error(f"Release gate: {ui.md(eval_gate['detail'])}")
         checks = cmp.check_rows(report)
         st.dataframe(pd.DataFrame(checks), hide_index=True, width="stretch", height=38 + 35 * max(1, len(checks)),
                      column_config={"reason": st.column_config.TextColumn(width="large")})
@@ -96,7 +97,7 @@ else:
             limit = settings().max_samples
             for key, title in (("newly_failed", "Newly failed"), ("newly_passed", "Newly passed")):
                 found = diff[key]
-                st.markdown(f"**{title}** by v{challenger} on `{task}`: {len(found)}"
+                st.markdown(f"**{title}** by v{ui.md(challenger)} on {ui.code(task)}: {len(found)}"
                             + (f" (first {limit} shown)" if len(found) > limit else ""))
                 if found:
                     st.markdown(cmp.markdown_table(found[:limit]))

@@ -25,22 +25,24 @@ with ui.guard("Verification"):
     else:
         drift = None
     if chain["problems"]:
-        st.error("The chain is BROKEN: " + " ".join(f"{p}." for p in chain["problems"][:5])
+        st.error("The chain is BROKEN: " + " ".join(f"{ui.md(p)}." for p in chain["problems"][:5])
                  + " Run `mlops registry verify` for the full list.", icon=":material/gpp_bad:")
     else:
         st.success(f"Chain verified: {chain['entries']} entries, each linked to the one before by its hash.",
                    icon=":material/verified:")
     if drift:
-        st.error("MLflow differs from the ledger: " + "; ".join(drift[:8]) + ". An admin repairs it with "
+        st.error("MLflow differs from the ledger: " + ui.md("; ".join(drift[:8])) + ". An admin repairs it with "
                  "`mlops registry reconcile <model>`.", icon=":material/sync_problem:")
     elif drift is not None:
-        st.success("MLflow's aliases and stage tags agree with the ledger" + (f" for {scope}." if scope else "."),
+        st.success("MLflow's aliases and stage tags agree with the ledger" + (f" for {ui.md(scope)}." if scope else "."),
                    icon=":material/sync:")
     if st.button("Verify again now", key="verify_now", icon=":material/refresh:"):
         data.invalidate()
         st.rerun()
 
-rows = [e.as_dict() for e in data.entries(store, scope)]
+# What a viewer sees of an entry: password hashes and key material (an older ledger's user entries, a mistaken
+# evidence field) are replaced before anything is drawn, the table and the JSON alike.
+rows = [ui.redacted(e.as_dict()) for e in data.entries(store, scope)]
 
 # --------------------------------------------------------------------------- production at time T
 if scope:
@@ -52,7 +54,8 @@ if scope:
         held = then["aliases"].get("production")
         last = next((m for m in reversed(then["moves"]) if m["alias"] == "production"), None)
         st.markdown(f"At {ui.ts(then['at']) if then['at'] else 'this moment'}: **@production → {f'v{held}' if held else 'nobody'}**"
-                    + (f", since entry #{last['seq']} ({last['action']} by {last['actor']} at {ui.ts(last['ts'])})."
+                    + (f", since entry #{last['seq']} ({ui.md(last['action'])} by {ui.md(last['actor'])} at "
+                       f"{ui.ts(last['ts'])})."
                        if last and held else "."))
         chart = charts.production_timeline([r for r in rows if r["alias"]], f"@production of {scope}")
         if chart is not None:
@@ -92,17 +95,18 @@ if rows:
     entry = by_seq[seq]
     left, right = st.columns([1, 2])
     with left:
-        st.markdown(f"**#{entry['seq']}** {entry['action']} by **{entry['actor']}** at {ui.ts(entry['ts'])}  \n"
-                    f"hash `{entry['hash'][:16]}` · previous `{entry['prev_hash'][:16]}`")
+        st.markdown(f"**#{entry['seq']}** {ui.md(entry['action'])} by **{ui.md(entry['actor'])}** at "
+                    f"{ui.ts(entry['ts'])}  \n"
+                    f"hash {ui.code(entry['hash'][:16])} · previous {ui.code(entry['prev_hash'][:16])}")
         if entry["version"]:
             ui.link_version(entry["model"], entry["version"], f"{entry['model']} v{entry['version']}")
         ev = entry["evidence"] or {}
         for key in ("run_id", "gate_run", "eval_run", "data_run"):
             if ev.get(key):
-                st.markdown(f"{key}: {ui.run_ref(ev[key])}")
+                st.markdown(f"{ui.md(key)}: {ui.run_ref(ev[key])}")
         for g in ev.get("gates") or []:
             for key in ("gate_run", "eval_run", "data_run"):
                 if (g.get("evidence") or {}).get(key):
-                    st.markdown(f"{g['gate']} gate {key}: {ui.run_ref(g['evidence'][key])}")
+                    st.markdown(f"{ui.md(g['gate'])} gate {ui.md(key)}: {ui.run_ref(g['evidence'][key])}")
     with right:
         st.code(json.dumps(entry["evidence"], indent=2, sort_keys=True, default=str), language="json")

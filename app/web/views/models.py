@@ -34,7 +34,7 @@ st.dataframe(table, hide_index=True, width="stretch", key="models_table")
 ungoverned = [r["model"] for r in rows if not r["governed"]]
 if ungoverned:
     st.warning(f"Registered in MLflow but never through the registry, so no rule or ledger covers them: "
-               f"{', '.join(ungoverned)}. Register their versions with `mlops registry register`.")
+               f"{ui.md(', '.join(ungoverned))}. Register their versions with `mlops registry register`.")
 
 st.subheader("Details")
 model = ui.pick("Model", [r["model"] for r in rows], key="model", param="model")
@@ -48,12 +48,13 @@ with left:
             st.caption(f"@{alias}: nobody")
     ledger_says = {k: row[k] for k in ("production", "staging") if row[k]}
     if row["governed"] and row["mlflow_aliases"] != ledger_says:
-        st.warning(f"MLflow's aliases {row['mlflow_aliases'] or 'none'} differ from the ledger's {ledger_says or 'none'}"
+        st.warning(f"MLflow's aliases {ui.md(row['mlflow_aliases'] or 'none')} differ from the ledger's "
+                   f"{ui.md(ledger_says or 'none')}"
                    ": they were moved outside the registry (Ledger shows the drift; an admin reconciles it).")
 with right:
     st.markdown("**Latest ledger events**")
     for line in row["latest_events"] or ["none"]:
-        st.markdown(f"- {line}")
+        st.markdown(f"- {ui.md(line)}")
     if row["pending"]:
         st.page_link(ui.PAGES["approvals"], label=f"{row['pending']} pending approval(s)",
                      icon=":material/how_to_reg:", query_params={"model": model})

@@ -22,7 +22,7 @@ if model is None:
 state = data.model_state(store, model)
 versions = ui.sorted_versions(state)
 if not versions:
-    st.info(f"'{model}' has no version registered through the registry.")
+    st.info(f"'{ui.md(model)}' has no version registered through the registry.")
     st.stop()
 loaded = {alias: state.aliases.get(alias) for alias in ("production", "staging")}
 st.markdown(" · ".join(f"**@{a}**: {f'v{v}' if v else 'nobody'}" for a, v in loaded.items())
@@ -38,7 +38,7 @@ def content(version: str | None) -> str:
     if not version:
         return ""
     tags = data.version_info(store, model, version)["version_tags"]
-    return f" (content `{tags.get(Tag.MODEL_ID, '?')}`, profile `{tags.get(Tag.PROFILE_HASH, '?')}`)"
+    return f" (content {ui.code(tags.get(Tag.MODEL_ID, '?'))}, profile {ui.code(tags.get(Tag.PROFILE_HASH, '?'))})"
 
 
 def preview(plan, serving: bool) -> None:
@@ -50,9 +50,10 @@ def preview(plan, serving: bool) -> None:
               if STAGE_TAG in tags]
     if serving:
         before, after = plan.aliases["production"]
-        lines.append(f"Serving (`mlops serve --model models:/{model}@production --follow`) moves from "
+        lines.append(f"Serving ({ui.code(f'mlops serve --model models:/{model}@production --follow')}) moves from "
                      f"{f'v{before}' if before else 'nothing'}{content(before)} to **v{after}**{content(after)}.")
-    lines.append(f"Ledger: a `{entry['action']}` entry by **{me.name}**, appended after #{state.last_seq}.")
+    lines.append(f"Ledger: a {ui.code(entry['action'])} entry by **{ui.md(me.name)}**, appended after "
+                 f"#{state.last_seq}.")
     st.markdown("\n".join(f"- {line}" for line in lines))
 
 
@@ -73,7 +74,7 @@ if mode == "Promote":
     if permission.ok:
         preview(permission.plan, serving=to_stage == "production")
     else:
-        st.error(f"Not possible: {permission.reason}")
+        st.error(f"Not possible: {ui.md(permission.reason)}")
     confirm = st.checkbox("I have checked what will change", key="promote_confirm", disabled=not permission.ok)
     st.button(f"Promote v{version} to {to_stage}", key="promote_button", type="primary",
               disabled=not (permission.ok and confirm), help=permission.reason or None, on_click=actions.promote,
@@ -89,7 +90,7 @@ else:
         targets.remove(default)
     targets = [default, *targets] if default else targets
     if not targets:
-        st.error(f"Not possible: {auto.reason}")
+        st.error(f"Not possible: {ui.md(auto.reason)}")
     else:
         target = ui.pick("Roll back to", targets, key="rollback_to", default=default,
                          fmt=lambda v: ui.version_label(state, v) + (" · the previous champion" if v == default
@@ -103,7 +104,7 @@ else:
             st.caption("When you confirm, the target's files are hashed and checked against its registered content "
                        "id and checkpoint manifest first; altered or missing files refuse the rollback.")
         else:
-            st.error(f"Not possible: {permission.reason}")
+            st.error(f"Not possible: {ui.md(permission.reason)}")
         confirm = st.checkbox("I have checked what will change", key="rollback_confirm", disabled=not permission.ok)
         st.button(f"Roll back to v{target}", key="rollback_button", type="primary",
                   disabled=not (permission.ok and confirm), help=permission.reason or None,
@@ -113,13 +114,13 @@ result = st.session_state.get(actions.RESULT_KEY)
 if result and result["entry"]["model"] == model and result["entry"]["action"] in ("promote", "rollback"):
     st.subheader("Result")
     entry = result["entry"]
-    st.markdown(f"{result['what']}: ledger entry **#{entry['seq']}** at {ui.ts(entry['ts'])} by "
-                f"**{entry['actor']}**, hash `{entry['hash'][:16]}` (previous `{entry['prev_hash'][:16]}`).")
+    st.markdown(f"{ui.md(result['what'])}: ledger entry **#{entry['seq']}** at {ui.ts(entry['ts'])} by "
+                f"**{ui.md(entry['actor'])}**, hash `{entry['hash'][:16]}` (previous `{entry['prev_hash'][:16]}`).")
     st.dataframe(pd.DataFrame([{k: entry[k] for k in ("seq", "action", "version", "from_stage", "to_stage",
                                                       "alias", "alias_before", "alias_after", "reason")}]),
                  hide_index=True, width="stretch")
     with ui.guard("Registry"):
         now = data.aliases_now(model)
         agrees = now.get(entry["alias"]) == entry["alias_after"]
-        st.markdown(f"MLflow now: **@{entry['alias']} → v{now.get(entry['alias'])}** "
+        st.markdown(f"MLflow now: **@{ui.md(entry['alias'])} → v{ui.md(now.get(entry['alias']))}** "
                     + ("(agrees with the ledger)" if agrees else "(DIFFERS from the ledger: run verify)"))

@@ -16,8 +16,8 @@ me = ui.actor()
 model = ui.pick_model(store, key="spot_model")
 checks = data.spot_checks(store, model) if model else []
 if model and not checks:
-    st.info(f"No spot-check of '{model}' yet. Draw one with `mlops registry spot-check {model} <version> --n 30` "
-            "(it answers the sample with the challenger and the champion, in deployment form).")
+    st.info(f"No spot-check of '{ui.md(model)}' yet. Draw one with "
+            f"{ui.code(f'mlops registry spot-check {model} <version> --n 30')} (it answers the sample with the challenger and the champion, in deployment form).")
 if checks:
     by_id = {c["check_id"]: c for c in checks}
     open_first = sorted(by_id, key=lambda cid: (by_id[cid]["complete"], -int(by_id[cid]["create_seq"] or 0)))

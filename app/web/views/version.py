@@ -19,7 +19,7 @@ state = data.model_state(store, model)
 versions = ui.sorted_versions(state) or [str(v) for v in range(data.registered_models(store).get(model, {})
                                                                   .get("latest", 0), 0, -1)]
 if not versions:
-    st.info(f"'{model}' has no versions yet.")
+    st.info(f"'{ui.md(model)}' has no versions yet.")
     st.stop()
 version = ui.pick("Version", versions, key="version", param="version", fmt=lambda v: ui.version_label(state, v))
 info = data.version_info(store, model, version)
@@ -29,17 +29,18 @@ run = data.run_summary(store, info["run_id"]) if info["run_id"] else None
 
 # --------------------------------------------------------------------------- header
 held = [f"@{a}" for a, v in state.aliases.items() if v == version]
-st.header(f"{model} v{version}")
-st.markdown(f"**Stage:** {vs.stage if vs else 'not in the ledger'} {' '.join(held)} · **registered by** "
-            f"{vs.registered_by if vs else '?'} at {ui.ts(vs.registered_ts) if vs else '?'} · **content** "
-            f"`{tags.get(Tag.MODEL_ID, '?')}`")
+st.header(f"{ui.md(model)} v{ui.md(version)}")
+st.markdown(f"**Stage:** {ui.md(vs.stage if vs else 'not in the ledger')} {ui.md(' '.join(held))} · "
+            f"**registered by** {ui.md(vs.registered_by if vs else '?')} at "
+            f"{ui.ts(vs.registered_ts) if vs else '?'} · **content** {ui.code(tags.get(Tag.MODEL_ID, '?'))}")
 if vs is None:
     st.warning("This version was registered in MLflow directly, not through the registry: no ledger entry, no "
                "gates, no approvals cover it. Register it with `mlops registry register`.")
 if vs and vs.stage == "rolled_back":
     st.error(f"Rolled back: {ui.md(vs.stage_reason)}")
 for o in vs.overrides if vs else []:
-    st.warning(f"Gate override ({o['gate']}) by {o['by']} at {ui.ts(o['ts'])}: {ui.md(o['reason'])}")
+    st.warning(f"Gate override ({ui.md(o['gate'])}) by {ui.md(o['by'])} at {ui.ts(o['ts'])}: "
+               f"{ui.md(o['reason'])}")
 
 # --------------------------------------------------------------------------- lineage chain
 st.subheader("Lineage")
@@ -56,14 +57,14 @@ chain = [("data snapshot", tags.get(Tag.SNAPSHOT_ID), data_run),
          ("eval run", "results stored" if eval_run else "none", eval_run),
          ("gate run", (report or {}).get("result") or "none", (report or {}).get("run_id"))]
 for col, (what, label, run_id) in zip(st.columns(len(chain)), chain, strict=True):
-    col.markdown(f"**{what}** {'→' if what != 'gate run' else ''}  \n{label or '—'}  \n"
+    col.markdown(f"**{what}** {'→' if what != 'gate run' else ''}  \n{ui.md(label) or '—'}  \n"
                  f"{ui.run_ref(run_id) if run_id else ''}")
 
 tab_train, tab_data, tab_ckpt, tab_profile, tab_sweep = st.tabs(
     ["Training run", "Data snapshot", "Checkpoint", "Deployment profile", "Sweep trial"])
 with tab_train, ui.guard("Training run"):
     st.markdown(f"Run {ui.run_ref(info['run_id'], run and run['experiment_id'])}")
-    st.markdown("| | |\n|---|---|\n" + "\n".join(f"| {k} | {str(v).replace('|', '/')} |"
+    st.markdown("| | |\n|---|---|\n" + "\n".join(f"| {ui.md(k)} | {ui.md(v)} |"
                                                   for k, v in lineage.training_facts(tags, run)))
     resolved = data.run_text(store, info["run_id"], "config/resolved.yaml") if info["run_id"] else None
     with st.expander("Resolved config"):
@@ -71,21 +72,22 @@ with tab_train, ui.guard("Training run"):
 with tab_data, ui.guard("Data snapshot"):
     manifest = data.run_json(store, data_run, "snapshot/manifest.json")
     if manifest is None:
-        st.warning(f"No snapshot manifest: data run {data_run or 'not recorded'} stored no snapshot/manifest.json.")
+        st.warning(f"No snapshot manifest: data run {ui.md(data_run or 'not recorded')} stored no "
+                   "snapshot/manifest.json.")
     else:
         s = lineage.manifest_summary(manifest)
-        st.markdown(f"Snapshot `{s['snapshot_id']}` ({s['name']}), built {s['created']} by data run "
-                    f"{ui.run_ref(data_run)}. Samples: "
-                    + (", ".join(f"{k} {v}" for k, v in s["samples"].items()) or "not recorded"))
+        st.markdown(f"Snapshot {ui.code(s['snapshot_id'])} ({ui.md(s['name'])}), built {ui.md(s['created'])} by "
+                    f"data run {ui.run_ref(data_run)}. Samples: "
+                    + (", ".join(f"{ui.md(k)} {ui.md(v)}" for k, v in s["samples"].items()) or "not recorded"))
         q = st.columns(len(s["quarantine"]))
         for col, (label, value) in zip(q, s["quarantine"].items(), strict=True):
-            col.metric(label, value)
+            col.metric(ui.md(label), value)
         st.markdown("**Great Expectations, per batch**")
         st.dataframe(pd.DataFrame(s["batches"]), hide_index=True, width="stretch")
         from mlops.data.acceptance import describe as acceptance_lines
 
         verdict = (manifest.get("acceptance") or {}).get("verdict", {}).get("status", "not measured")
-        with st.expander(f"Acceptance report: {verdict}"):
+        with st.expander(f"Acceptance report: {ui.md(verdict)}"):
             st.code("\n".join(acceptance_lines(manifest.get("acceptance"))), language=None)
         if s["counters"]:
             with st.expander("Every manifest counter"):
@@ -93,9 +95,10 @@ with tab_data, ui.guard("Data snapshot"):
                              hide_index=True)
 with tab_ckpt, ui.guard("Checkpoint"):
     ck = data.run_json(store, checkpoint[0], checkpoint[1]) if checkpoint else None
-    st.markdown(f"Manifest `{tags.get(Tag.CHECKPOINT_MANIFEST, 'not recorded')}`")
+    st.markdown(f"Manifest {ui.code(tags.get(Tag.CHECKPOINT_MANIFEST, 'not recorded'))}")
     if ck:
-        st.markdown(f"Step {ck.get('step')} · complete: {ck.get('complete')} · {len(ck.get('files') or {})} files")
+        st.markdown(f"Step {ui.md(ck.get('step'))} · complete: {ui.md(ck.get('complete'))} · "
+                    f"{len(ck.get('files') or {})} files")
         st.dataframe(pd.DataFrame(lineage.checkpoint_rows(ck)), hide_index=True, width="stretch")
     else:
         st.warning("The checkpoint manifest cannot be read.")
@@ -104,9 +107,9 @@ with tab_profile, ui.guard("Deployment profile"):
     if not profile:
         st.warning("No deployment profile is stored with this version.")
     else:
-        st.markdown(f"Profile hash `{tags.get(Tag.PROFILE_HASH, '?')}` · chat template hash "
-                    f"`{str(profile.get('chat_template_hash'))[:16]}` · max context {profile.get('max_context')}"
-                    f" · stop {profile.get('stop') or 'none'}")
+        st.markdown(f"Profile hash {ui.code(tags.get(Tag.PROFILE_HASH, '?'))} · chat template hash "
+                    f"{ui.code(str(profile.get('chat_template_hash'))[:16])} · max context "
+                    f"{ui.md(profile.get('max_context'))} · stop {ui.md(profile.get('stop') or 'none')}")
         st.markdown("**System prompt**")
         st.code(profile.get("system_prompt") or "(none)", language=None, wrap_lines=True)
         st.markdown("**Sampling**")
@@ -126,7 +129,7 @@ with ui.guard("Gates"):
         gates = data.gate_results(store, model, version, state.last_seq)
         for g in gates:
             row = lineage.gate_row(g)
-            st.markdown(f"{ui.OK if g['ok'] else ui.BAD} **{g['gate']}**: {ui.md(row['result'])}: "
+            st.markdown(f"{ui.OK if g['ok'] else ui.BAD} **{ui.md(g['gate'])}**: {ui.md(row['result'])}: "
                         f"{ui.md(g['detail'])}")
             if row["evidence"]:
                 st.caption(f"evidence: {ui.md(row['evidence'])}")
@@ -145,12 +148,13 @@ st.subheader("Contamination")
 with ui.guard("Contamination"):
     found = data.run_json(store, eval_run, "eval/contamination.json")
     if found is None:
-        st.warning(f"No contamination report (eval run: {eval_run or 'none'}).")
+        st.warning(f"No contamination report (eval run: {ui.md(eval_run or 'none')}).")
     else:
         count = len(found.get("offending") or [])
         verdict = "clean" if found.get("status") == "checked" and not count else f"{count} offending items"
-        st.markdown(f"Status **{found.get('status')}**, {verdict}; {found.get('items_checked', '?')} items checked "
-                    f"with {found.get('ngram', '?')}-grams against snapshot `{tags.get(Tag.SNAPSHOT_ID)}`.")
+        st.markdown(f"Status **{ui.md(found.get('status'))}**, {ui.md(verdict)}; "
+                    f"{ui.md(found.get('items_checked', '?'))} items checked with {ui.md(found.get('ngram', '?'))}"
+                    f"-grams against snapshot {ui.code(tags.get(Tag.SNAPSHOT_ID))}.")
         if count:
             st.dataframe(pd.DataFrame(found["offending"]), hide_index=True, width="stretch")
 
@@ -158,12 +162,12 @@ st.subheader("Capacity")
 with ui.guard("Capacity"):
     capacity = data.run_json(store, tags.get(Tag.CAPACITY_RUN), "capacity/capacity.json")
     if capacity is None:
-        st.caption(f"Not measured. Run `mlops release capacity models:/{model}/{version}` before release.")
+        st.caption(f"Not measured. Run {ui.code(f'mlops release capacity models:/{model}/{version}')} before release.")
     else:
-        st.markdown(f"On **{capacity['deployment_form']}**, {capacity['max_tokens']} new tokens per streamed chat "
-                    f"(measured {capacity['measured']}): ceiling **{capacity['ceiling_tokens_per_s']:.1f} tok/s**, "
-                    f"knee at **c={capacity['knee']['concurrency']}**; soak RSS drift {capacity['rss_drift']:.2f}, "
-                    f"tokens/s drift {capacity['tokens_per_s_drift']:.2f}, failures {capacity['failures']}.")
+        st.markdown(f"On **{ui.md(capacity['deployment_form'])}**, {ui.md(capacity['max_tokens'])} new tokens per "
+                    f"streamed chat (measured {ui.md(capacity['measured'])}): ceiling **{capacity['ceiling_tokens_per_s']:.1f} tok/s**, "
+                    f"knee at **c={ui.md(capacity['knee']['concurrency'])}**; soak RSS drift {capacity['rss_drift']:.2f}, "
+                    f"tokens/s drift {capacity['tokens_per_s_drift']:.2f}, failures {ui.md(capacity['failures'])}.")
         st.dataframe(pd.DataFrame(capacity["levels"])[["concurrency", "tokens_per_s", "p50_ms", "p95_ms", "p99_ms",
                                                         "ttft_p50_ms", "failures"]], hide_index=True)
 
