@@ -30,6 +30,15 @@ def volatile(default: Any = None, **kwargs: Any) -> Any:
     return Field(default, json_schema_extra={HASH_EXCLUDED: True}, **kwargs)
 
 
+HASH_AT_DEFAULT_OMITTED = "hash_at_default_omitted"
+
+
+def added_option(default: Any, **kwargs: Any) -> Any:
+    """A field added later whose default is what every config did before it: at that default it is left out of
+    the hash, so existing configs keep their hash (and their runs, checkpoints and snapshots)."""
+    return Field(default, json_schema_extra={HASH_AT_DEFAULT_OMITTED: True}, **kwargs)
+
+
 class StrictModel(BaseModel):
     """Base of every config section: unknown keys are errors."""
 
@@ -243,6 +252,8 @@ def canonical(value: Any) -> Any:
             if extra.get(HASH_EXCLUDED):
                 continue
             item = getattr(value, name)
+            if extra.get(HASH_AT_DEFAULT_OMITTED) and item == info.default:
+                continue
             if item is not None:
                 out[name] = canonical(item)
         return out

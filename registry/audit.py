@@ -76,7 +76,7 @@ def chain_check(url: str | None = None):
 
 
 def verify(model: str | None = None, url: str | None = None) -> Verification:
-    """The whole chain intact (keyed hashes, links, head, this machine's anchor) and MLflow agreeing with the
+    """The whole chain intact (hashes, links, head, anchor and pinned head, signatures, every rule) and MLflow agreeing with the
     ledger, for `model` or every model. A model the ledger does not know is NotFoundError."""
     from registry import ledger
     from registry.resolve import known_models, require_model

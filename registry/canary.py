@@ -159,8 +159,8 @@ class Limits:
     interval: float = 5.0
 
     def __post_init__(self) -> None:
-        if not 0 < self.share < 1:
-            raise RefusedError(f"--share {self.share} must lie strictly between 0 and 1 (e.g. 0.1 for 10%).")
+        if not 0 < self.share <= 1:
+            raise RefusedError(f"--share {self.share} must lie in (0, 1] (e.g. 0.1 for 10%).")
         if self.seconds <= 0:
             raise RefusedError(f"--for must be a positive duration, got {self.seconds} s.")
 

@@ -39,7 +39,7 @@ class ShadowPolicy(StrictModel):
 
 
 class CanaryPolicy(StrictModel):
-    max_share: float = Field(0.25, gt=0, le=0.5, description="largest share of traffic a canary may take")
+    max_share: float = Field(0.25, gt=0, le=1, description="largest share of traffic a canary may take")
     max_seconds: float = Field(86400.0, gt=0, le=7 * 86400, description="longest a canary may run (seconds)")
     max_error_rate: float = Field(0.02, ge=0, le=1, description="canary 5xx share that rolls it back")
     max_p95_ratio: float = Field(1.5, gt=0, description="canary p95 latency over the champion's that rolls it back")

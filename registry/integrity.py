@@ -39,13 +39,11 @@ def manifest_problems(expected: dict[str, str], actual: dict[str, str]) -> list[
 
 def verify_files(model: str, version: str, folder: Path, *, url: str | None = None) -> None:
     """Refuse `folder` unless its files are exactly what the ledger's registration of model/version names."""
-    from registry.ledger import NoRegistry
-    from registry.resolve import verified_state
+    from registry.resolve import present, verified_state
 
-    try:
-        state = verified_state(model, url=url)
-    except NoRegistry:
+    if not present(url):
         return  # no registry in this store: nothing was ever promised about these bytes
+    state = verified_state(model, url=url)
     vs = state.versions.get(str(version))
     if vs is None:
         raise TamperedArtifact(f"version {version} of '{model}' is not in the registry's ledger, so its files cannot "
@@ -63,13 +61,13 @@ def verify_files(model: str, version: str, folder: Path, *, url: str | None = No
 def packaged_gguf(content_id: str, quantization: str, *, url: str | None = None) -> dict | None:
     """The newest signed `package` entry for these weights in this quantization: {sha256, run, llamacpp_version,
     model, version}; None when no version of them was packaged so (or no registry is in this store)."""
-    from registry.ledger import NoRegistry, verified
+    from registry.ledger import verified
+    from registry.resolve import present
 
-    try:
-        found = [e for e in verified(url).entries if e.action == "package"
-                 and e.evidence.get("content_id") == content_id and e.evidence.get("quantization") == quantization]
-    except NoRegistry:
+    if not present(url):
         return None
+    found = [e for e in verified(url).entries if e.action == "package"
+             and e.evidence.get("content_id") == content_id and e.evidence.get("quantization") == quantization]
     if not found:
         return None
     e = found[-1]

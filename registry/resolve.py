@@ -35,13 +35,20 @@ def release_policy(url: str | None = None):
 
 
 def present(url: str | None = None) -> bool:
-    """Whether this store holds a registry (a broken one raises: it is there, and trusts nothing)."""
-    from registry.ledger import NoRegistry, verified
+    """Whether this store holds a registry: none where the store has no database for one (a file store), the
+    database file does not exist, or it was never bootstrapped. A broken or unreachable one raises: it may be
+    there, and nothing is trusted from it."""
+    from mlops.errors import NotFoundError
+    from registry.ledger import LedgerError, ledger_url, verified
 
     try:
-        verified(url)
+        db = ledger_url(url)
+    except LedgerError:
+        return False
+    try:
+        verified(db)
         return True
-    except NoRegistry:
+    except NotFoundError:  # NoRegistry, or a SQLite file that is not there
         return False
 
 

@@ -32,16 +32,40 @@ def serve_in_thread(app, start_timeout: float = 60.0) -> Iterator[str]:
 
 
 def canary_start(model: str, version: str, share: float, until: float, actor: str = "alice") -> None:
-    """The ledger entry `mlops registry canary` writes when a canary starts (serving tests write it directly)."""
-    from registry.transition import Plan, run
+    """A canary as `mlops registry canary` starts it, through the governed path: gate evidence, a request by tina
+    approved by bob (four-eyes), a recorded policy that allows `share`, then `registry.canary.start`."""
+    import tempfile
+    import time
+    from pathlib import Path
 
-    run(model, lambda _state: Plan(entries=[dict(actor=actor, action="canary_start", model=model, version=str(version),
-                                                 evidence={"share": share, "until": until}, reason="canary")]))
+    import yaml
+
+    from registry.audit import model_state
+    from registry.canary import Limits, start
+    from registry.config import policy_of
+    from registry.identities import set_policy
+    from registry.release import decide, request
+    from registry.testing import gate_evidence, signed_in
+
+    state = model_state(model)
+    if state.approved_request(str(version), "production") is None:
+        champion = state.aliases.get("production")
+        gate_evidence(model, str(version), champion=(champion, state.versions[champion].content_id))
+        if state.open_request(str(version), "production") is None:
+            request(signed_in("tina"), model, str(version), "production", "canary it first")
+        decide(signed_in("bob"), model, str(version), "approved for a canary", approve=True)
+    policy = policy_of(state.policy).model_dump(mode="json")
+    if policy["canary"]["max_share"] < share:
+        policy["canary"]["max_share"] = share
+        path = Path(tempfile.mkdtemp()) / "release.yaml"
+        path.write_text(yaml.safe_dump({"registry": policy}))
+        set_policy(signed_in("admin"), path)
+    start(signed_in(actor), model, str(version), Limits(share=share, seconds=max(until - time.time(), 1.0)))
 
 
 def canary_stop(model: str, version: str, outcome: str = "rolled_back", actor: str = "alice") -> None:
-    """The ledger entry that ends a canary (`outcome`: promoted, rolled_back or stopped)."""
-    from registry.transition import Plan, run
+    """The ledgered end of the running canary (`outcome`: promoted, rolled_back or stopped)."""
+    from registry.canary import stop
+    from registry.testing import signed_in
 
-    run(model, lambda _state: Plan(entries=[dict(actor=actor, action="canary_stop", model=model, version=str(version),
-                                                 evidence={"outcome": outcome, "reason": "test"}, reason=outcome)]))
+    stop(signed_in(actor), model, outcome, "test")

@@ -79,9 +79,16 @@ def store(request, mlops_home, monkeypatch) -> str | None:
 def forget_process_wide_store() -> None:
     """MLflow keeps the last `set_tracking_uri` process-wide (and resolves `models:/m-...` sources through it):
     a store an earlier test used, such as a PostgreSQL database dropped since, must not leak into this one."""
+    import sys
+
     import mlflow
 
     mlflow.set_tracking_uri(None)
+    # Each test's registry is its own (the app tests' copies share one registry id): the head this process
+    # verified in an earlier test's copy is no anchor for this one.
+    trust = sys.modules.get("registry.trust")
+    if trust is not None:
+        trust._MEMORY.clear()
 
 
 @pytest.fixture(scope="session")

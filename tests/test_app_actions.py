@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from app.testing import app_test, log_in, open_page, request_key
-from registry.testing import PASSWORDS, ROLES
+from registry.testing import PASSWORDS
 
 
 def who(name: str):
@@ -15,7 +17,8 @@ def who(name: str):
 
 
 def texts(at, kind: str) -> list[str]:
-    return [str(e.value) for e in getattr(at, kind)]
+    """The elements' text as read on the page: Markdown escapes (`ui.md`) are undone."""
+    return [re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", str(e.value)) for e in getattr(at, kind)]
 
 
 def page(name: str, page_name: str, **params):

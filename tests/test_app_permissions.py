@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mlops.identities import Identity
-from registry.gates import GateResult
 from registry.entries import Entry
+from registry.gates import GateResult
 from registry.state import replay
 from registry.transition import RefusedError
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.testing import app_test, log_in, open_page
-from registry.testing import PASSWORDS, ROLES
+from registry.testing import PASSWORDS
 
 
 def fake_answers(ref: str, conversations: list[list[dict]], **_options) -> list[dict]:

@@ -52,7 +52,7 @@ def test_a_ledger_write_that_fails_changes_nothing_and_a_retry_succeeds(ready, m
 
     real = ledger.append
 
-    def failing(chain, **values):
+    def failing(chain, signer, **values):
         raise sa.exc.OperationalError("INSERT INTO mlops_ledger", {}, Exception("disk I/O error"))
 
     monkeypatch.setattr(ledger, "append", failing)

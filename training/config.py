@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from mlops.config import StrictModel, volatile
+from mlops.config import StrictModel, added_option, volatile
 from mlops.errors import ConfigError
 
 RESUME_NONE = ("never", "none")  # both spellings start over; `none` is what operators tend to type
@@ -107,7 +107,7 @@ class TrainConfig(Section):
     activation_checkpointing: bool = volatile(
         False, description="recompute each layer's activations in backward (HF gradient checkpointing, non-reentrant)"
     )
-    offload: Literal["none", "optimizer", "optimizer_and_params"] = Field(
+    offload: Literal["none", "optimizer", "optimizer_and_params"] = added_option(
         "none", description="ZeRO-Offload to host memory: the optimizer state (ZeRO >= 1), or it and the weights "
         "(ZeRO-3 only)"
     )
