@@ -206,3 +206,22 @@ def run_cli(*args: str, env: dict | None = None) -> tuple[int, str, str]:
 
 def as_user(name: str) -> dict:
     return {"MLOPS_USER": name, "MLOPS_PASSWORD": PASSWORDS[name]}
+
+
+class FakeSlot:
+    """A serving slot that only remembers which version it was asked to load."""
+
+    current = None
+
+    def load_and_swap(self, hf_dir, profile, version):
+        self.current = type("Loaded", (), {"version": version})()
+
+
+def fake_follower(model: str = "bot", alias: str = "production"):
+    """A follower of `model@alias` whose loads only record the version (no files are read)."""
+    from registry.follow import Follower
+
+    class Model:
+        hf_dir, profile = "x", staticmethod(lambda: None)
+
+    return Follower(model, alias, FakeSlot(), materialize=lambda ref: Model())

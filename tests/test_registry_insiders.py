@@ -72,18 +72,9 @@ def test_a_trainers_hand_made_plan_in_an_approvers_name_or_her_own_is_refused(re
 
 def test_a_validly_signed_entry_that_breaks_a_rule_stops_every_verifier(reg):
     from registry.audit import verify
-    from registry.follow import Follower
+    from registry.testing import fake_follower
 
-    class Slot:
-        current = None
-
-        def load_and_swap(self, hf_dir, profile, version):
-            self.current = type("M", (), {"version": version})()
-
-    class Model:
-        hf_dir, profile = "x", staticmethod(lambda: None)
-
-    follower = Follower("bot", "production", Slot(), materialize=lambda ref: Model())
+    follower = fake_follower()
     follower.poll_once()
     assert follower.serving_version() == "1"
     _insert_signed(reg["who"]["tina"].signer, actor="tina", action="promote", model="bot", version="2",

@@ -197,20 +197,10 @@ def test_a_plain_production_ref_resolves_from_the_ledger_not_mlflows_alias(any_r
 
 
 def test_the_follower_stays_on_the_verified_version_after_a_forged_promotion(any_reg):
-    from registry.follow import Follower
-    from registry.testing import release_version
-
-    class Slot:
-        current = None
-
-        def load_and_swap(self, hf_dir, profile, version):
-            self.current = type("M", (), {"version": version})()
-
-    class Model:
-        hf_dir, profile = "x", staticmethod(lambda: None)
+    from registry.testing import fake_follower, release_version
 
     release_version(any_reg["who"], "bot", "1")
-    follower = Follower("bot", "production", Slot(), materialize=lambda ref: Model())
+    follower = fake_follower()
     follower.poll_once()
     assert follower.serving_version() == "1"
     _forge_promotion("2")
