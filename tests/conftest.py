@@ -112,7 +112,12 @@ def tiny_gguf(tiny_model, model_cache) -> Path:
     from serving.engines.llamacpp.install import LlamaCppMissing
 
     try:
-        return gguf_for(Path(tiny_model["path"]), "f16", out_dir=model_cache.parent / "gguf")
+        # Built once per session, whichever test asks first: no test's registry store is in play (a file store
+        # holds no ledger, so no signed package is looked up for the tiny model's weights).
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("MLFLOW_TRACKING_URI", f"file:{model_cache.parent / 'no-registry'}")
+            mp.delenv("MLOPS_REGISTRY_DB", raising=False)
+            return gguf_for(Path(tiny_model["path"]), "f16", out_dir=model_cache.parent / "gguf")
     except LlamaCppMissing as err:
         if in_ci():
             pytest.fail(f"{err} Under CI=true the llamacpp engine tests may not skip.")
