@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -295,16 +296,23 @@ def read_chain(conn, url: str, *, for_update: bool = False) -> Chain:
 
 # The world after the longest prefix this process audited (signatures and rules), keyed by registry and root: a
 # read re-checks every hash and link (cheap), then audits only the entries after that prefix. The hash chain makes
-# a prefix with the same last hash the same entries, byte for byte.
+# a prefix with the same last hash the same entries, byte for byte. A cached world is never changed in place (other
+# threads may hold it): new entries are applied to a copy, which then becomes the cached one.
 _AUDITED: dict[tuple[str, str], tuple[int, str, World]] = {}
+_AUDIT_LOCK = threading.Lock()
 
 
 def audited(chain: Chain) -> list[str]:
     """Signatures and rules of every entry; sets `chain.world` (the state after them) when they all hold."""
+    import copy
+
     key = (chain.registry_id, chain.root)
-    n, last, world = _AUDITED.get(key, (0, GENESIS, None))
-    if world is None or n > len(chain.entries) or (n and chain.entries[n - 1].hash != last):
+    with _AUDIT_LOCK:
+        n, last, cached = _AUDITED.get(key, (0, GENESIS, None))
+    if cached is None or n > len(chain.entries) or (n and chain.entries[n - 1].hash != last):
         n, world = 0, World()
+    else:
+        world = cached if n == len(chain.entries) else copy.deepcopy(cached)
     problems = []
     for e in chain.entries[n:]:
         bad = signature_problem(world, e, chain.registry_id, chain.root) or problem(world, e)
@@ -312,10 +320,10 @@ def audited(chain: Chain) -> list[str]:
             problems.append(f"entry {e.seq} ({e.action} {e.model} v{e.version} by {e.actor}): {bad}")
         advance(world, e)
     if problems:
-        _AUDITED.pop(key, None)
         return problems
-    if chain.entries:
-        _AUDITED[key] = (len(chain.entries), chain.entries[-1].hash, world)
+    if chain.entries and world is not cached:
+        with _AUDIT_LOCK:
+            _AUDITED[key] = (len(chain.entries), chain.entries[-1].hash, world)
     chain.world = world
     return []
 

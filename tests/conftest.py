@@ -38,6 +38,22 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").lower() == "true"
 
 
+STORE_ENV = ("MLFLOW_TRACKING_URI", "MLOPS_HOME", "MLOPS_REGISTRY_DB", "MLFLOW_REGISTRY_URI")
+
+
+@pytest.fixture(autouse=True)
+def _store_env_does_not_leak():
+    """MLflow's `set_tracking_uri` also writes MLFLOW_TRACKING_URI into os.environ, which monkeypatch does not undo
+    when the variable was absent: a later test (or a registry check of a GGUF) would read a deleted test's store."""
+    before = {name: os.environ.get(name) for name in STORE_ENV}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture
 def mlops_home(tmp_path, monkeypatch) -> Path:
     """A fresh project home with the embedded SQLite tracking store."""

@@ -67,7 +67,7 @@ def build_model(base_path: str, cfg, seed: int, *, ds: dict | None = None):
 
         marker = HfDeepSpeedConfig(ds)  # transformers holds it weakly: alive for the load only
     try:
-        model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, trust_remote_code=False)
     finally:
         if zero3:
             # Left set, every later from_pretrained in this process (the final model, built on rank 0 alone)

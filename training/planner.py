@@ -49,7 +49,7 @@ def meta_model(base_path: str, t):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(base_path)
+    config = AutoConfig.from_pretrained(base_path, trust_remote_code=False)
     config.quantization_config = None  # a GGUF/quantized origin would otherwise ask for its loader
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
