@@ -12,8 +12,18 @@ from registry.ledger import LedgerBroken
 from registry.rules import RefusedError
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
+def insider_store(request, mlops_home, monkeypatch) -> str | None:
+    """Each store in turn: SQLite in the default run, PostgreSQL too under CI=true (the slow selection)."""
+    if request.param == "postgresql":
+        url = request.getfixturevalue("postgres_url")
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+        return url
+    return None
+
+
 @pytest.fixture
-def reg(store, mlops_home, tiny_model, tmp_path):
+def reg(insider_store, mlops_home, tiny_model, tmp_path):
     """v1 in production, v2 a candidate; tina (trainer), alice and bob (approvers), admin, each with their key."""
     from registry.testing import release_version, two_versions
 
