@@ -198,7 +198,8 @@ def app_store_template(tmp_path_factory, tiny_model) -> Path:
         mp.setenv("MLOPS_HOME", str(home))
         mp.setenv("MLOPS_LEDGER_KEY_DIR", str(home / "ledger-keys"))
         for name in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLOPS_REGISTRY_DB"):
-            mp.delenv(name, raising=False)
+            mp.setenv(name, "")  # recorded, so leaving the context restores the variable's absence too: MLflow's
+            mp.delenv(name)      # set_tracking_uri writes MLFLOW_TRACKING_URI into os.environ while seeding
         from app.testing import seed_release
 
         seed_release(Path(tiny_model["path"]), home.parent)
