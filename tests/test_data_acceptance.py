@@ -39,6 +39,13 @@ def test_quality_rejections_are_judged_and_duplicates_only_reported():
     assert ok["status"] == "passed" and ok["reasons"] == []
 
 
+def test_a_handful_of_rows_over_the_threshold_is_flagged_not_failed():
+    report = {"rejected": rejections({"filter.short_answer": 1}, 4)}  # one bad row of a 4-row harvest: 25%
+    verdict = judge(report, AcceptConfig())
+    assert verdict["status"] == "flagged" and verdict["too_few_rows_to_fail"] == 100
+    assert judge(report, AcceptConfig(min_rows=4))["status"] == "failed"
+
+
 def test_the_suggested_max_seq_len_covers_p99_and_the_chosen_length_says_what_it_truncates():
     hist = Counter({100: 90, 300: 9, 2000: 1})
     s = sequence_lengths(hist, chosen=256)
@@ -71,7 +78,7 @@ def build(tiny_model, tmp_path, mlops_home):
 
 
 def test_the_report_holds_lengths_rejections_sequence_and_fragmentation(build):
-    result = build(dirty_rows(), accept={"on_fail": "flag"})
+    result = build(dirty_rows(), accept={"on_fail": "flag", "min_rows": 40})
     report = result.manifest["acceptance"]
     domains = report["lengths"]["by_domain"]
     assert set(domains) == {"billing", "general"}
@@ -99,7 +106,7 @@ def test_a_failing_acceptance_publishes_nothing_and_leaves_earlier_snapshots_alo
     first = build(clean_rows(), accept={"on_fail": "fail"})
     assert first.manifest["acceptance"]["verdict"]["status"] == "passed"
     with pytest.raises(AcceptanceError) as err:
-        build(dirty_rows(), name="dirty.jsonl", accept={"on_fail": "fail"})
+        build(dirty_rows(), name="dirty.jsonl", accept={"on_fail": "fail", "min_rows": 40})
     message = str(err.value)
     assert "14.9% of 47 rows read" in message and "data.accept.max_rejected_share=0.05" in message
     assert "filter.too_short 12.8% (6)" in message and "nothing was published" in message and "Fix:" in message
@@ -115,5 +122,5 @@ def test_a_published_snapshot_is_judged_again_under_stricter_thresholds(build):
     again = build(dirty_rows(), accept={"on_fail": "flag", "max_rejected_share": 0.5})
     assert again.noop and again.snapshot_id == first.snapshot_id
     with pytest.raises(AcceptanceError, match=f"snapshot {first.snapshot_id} .* stays published"):
-        build(dirty_rows(), accept={"on_fail": "fail"})
+        build(dirty_rows(), accept={"on_fail": "fail", "min_rows": 40})
     verify_snapshot(first.snapshot_id)

@@ -286,6 +286,11 @@ class AcceptConfig(StrictModel):
         "errors, filters, per-record checks, refused batches; duplicates and eval overlaps are reported, not "
         "judged)"
     )
+    min_rows: int = Field(
+        100, ge=0, description="fewest rows read for an over-threshold share to fail the build; below it the "
+        "build is flagged (a share of a handful of rows, e.g. a harvested increment, cannot tell dirty data from "
+        "one bad row)"
+    )
     on_fail: Literal["fail", "flag"] = Field(
         "fail", description="over the threshold the build fails and publishes nothing (fail), or publishes a "
         "snapshot whose report says flagged (flag)"
