@@ -225,3 +225,13 @@ def fake_follower(model: str = "bot", alias: str = "production"):
         hf_dir, profile = "x", staticmethod(lambda: None)
 
     return Follower(model, alias, FakeSlot(), materialize=lambda ref: Model())
+
+
+def use_store_param(request, monkeypatch) -> str | None:
+    """Point a test at the store its fixture parameter names: SQLite (None) or a fresh PostgreSQL database (its
+    URL, from the `postgres_url` fixture)."""
+    if request.param == "postgresql":
+        url = request.getfixturevalue("postgres_url")
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+        return url
+    return None

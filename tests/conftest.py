@@ -85,11 +85,9 @@ REGISTRY_STORES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgr
 @pytest.fixture(params=REGISTRY_STORES)
 def store(request, mlops_home, monkeypatch) -> str | None:
     """Each registry store in turn: the embedded SQLite file (None), then a fresh PostgreSQL database (its URL)."""
-    if request.param == "postgresql":
-        url = request.getfixturevalue("postgres_url")
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
-        return url
-    return None
+    from registry.testing import use_store_param
+
+    return use_store_param(request, monkeypatch)
 
 
 def forget_process_wide_store() -> None:

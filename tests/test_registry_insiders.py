@@ -15,11 +15,9 @@ from registry.rules import RefusedError
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
 def insider_store(request, mlops_home, monkeypatch) -> str | None:
     """Each store in turn: SQLite in the default run, PostgreSQL too under CI=true (the slow selection)."""
-    if request.param == "postgresql":
-        url = request.getfixturevalue("postgres_url")
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
-        return url
-    return None
+    from registry.testing import use_store_param
+
+    return use_store_param(request, monkeypatch)
 
 
 @pytest.fixture
