@@ -1,6 +1,6 @@
 """Layer 2 (the pure replay): every rule of the registry, checked on every entry, by the writer and every verifier.
 
-`audit(entries, ...)` walks the whole ledger once: each entry's signature must be its actor's key as the ledger
+`registry.ledger.audited` walks the whole ledger once with these functions: each entry's signature must be its actor's key as the ledger
 stood just before it (the first entry's, the pinned root), and the act must be one that actor was allowed to do
 on the state the entries before it built: roles, the lifecycle, four-eyes, requests, passing gates, canary bounds,
 digests of the files it names. An entry that breaks a rule is refused even when a valid key signed it (a key
@@ -52,17 +52,6 @@ class World:
         if name not in self.models:
             self.models[name] = ModelState(name)
         return self.models[name]
-
-
-def audit(entries: list[Entry], registry_id: str, root: str) -> list[str]:
-    """Every entry whose signature or act the rules refuse (empty: the whole ledger holds)."""
-    world, problems = World(), []
-    for e in entries:
-        bad = signature_problem(world, e, registry_id, root) or problem(world, e)
-        if bad:
-            problems.append(f"entry {e.seq} ({e.action} {e.model} v{e.version} by {e.actor}): {bad}")
-        advance(world, e)
-    return problems
 
 
 def signature_problem(world: World, e: Entry, registry_id: str, root: str) -> str | None:

@@ -65,7 +65,7 @@ def pinned_root(registry_id: str, where: str) -> str:
                          "<fingerprint>`.") from None
     if not FINGERPRINT_RE.match(pinned):
         raise TrustError(f"the trust pin {path} does not hold a fingerprint. Fix: `mlops registry trust pin "
-                         "<fingerprint>`, or set {ROOT_ENV}.")
+                         f"<fingerprint>`, or set {ROOT_ENV}.")
     return pinned
 
 
