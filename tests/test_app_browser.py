@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.testing import PASSWORDS
+from registry.testing import PASSWORDS, signed_in
 
 pytestmark = pytest.mark.slow
 
@@ -114,7 +114,6 @@ def request_card(page, heading: str):
 def test_an_approver_approves_promotes_and_rolls_back_in_a_browser(app_server):
     from playwright.sync_api import sync_playwright
 
-    from mlops.identities import Identity
     from registry import ledger
     from registry.audit import verify
     from registry.release import decide
@@ -139,7 +138,7 @@ def test_an_approver_approves_promotes_and_rolls_back_in_a_browser(app_server):
             assert mine.get_by_role("button", name="Approve").is_disabled()
             assert "four-eyes rule: 'alice' requested version 3" in mine.inner_text()
             with pytest.raises(RefusedError, match="four-eyes rule"):
-                decide(Identity("alice", "approver"), "bot", "3", "trying anyway", approve=True)
+                decide(signed_in("alice"), "bot", "3", "trying anyway", approve=True)
 
             card = request_card(page, "bot v2 → production")
             card.get_by_role("textbox", name="Comment (required, goes into the ledger)").fill("policy answers ok")
