@@ -93,7 +93,9 @@ class DebugSection(Section):
 
 class TrainConfig(Section):
     snapshot: str | None = Field(None, description="data snapshot id (or `latest`) to train on")
-    mode: Literal["lora", "full"] = Field("lora", description="LoRA adapters or full fine-tuning")
+    mode: Literal["lora", "full", "qlora"] = Field(
+        "lora", description="LoRA adapters, full fine-tuning, or QLoRA (LoRA over a 4-bit NF4 base, bitsandbytes)"
+    )
     lora: LoraSection = Field(default_factory=LoraSection)
     zero_stage: Literal[0, 1, 2, 3] = Field(
         0, description="DeepSpeed ZeRO stage: 1 partitions the optimizer state, 2 the gradients too, 3 the weights too"
