@@ -75,21 +75,29 @@ def add_key(path: Path, name: str) -> tuple[str, dict]:
     """Make a key named `name`; returns (the key, shown only now; its stored entry)."""
     if not name.strip():
         raise ConfigError("an API key needs a name (who or what uses it). Fix: pass --name, e.g. --name eval-bot.")
-    keys = read_keys(path)
     key_id = secrets.token_hex(4)
     key = f"{KEY_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
     entry = {"id": key_id, "name": name.strip(), "sha256": digest(key), "created": int(time.time()), "revoked": False}
-    _write_keys(path, [*keys, entry])
+    with _keys_lock(path):  # read-modify-write: two `add`s at once must both keep their key
+        _write_keys(path, [*read_keys(path), entry])
     return key, entry
 
 
+def _keys_lock(path: Path):
+    """An exclusive lock beside the keys file (not on it: `os.replace` swaps the file's inode)."""
+    from mlops.files import exclusive_lock
+
+    return exclusive_lock(path.with_name(f".{path.name}.lock"))
+
+
 def revoke_key(path: Path, key_id: str) -> dict:
-    keys = read_keys(path)
-    for entry in keys:
-        if entry["id"] == key_id:
-            entry["revoked"] = True
-            _write_keys(path, keys)
-            return entry
+    with _keys_lock(path):
+        keys = read_keys(path)
+        for entry in keys:
+            if entry["id"] == key_id:
+                entry["revoked"] = True
+                _write_keys(path, keys)
+                return entry
     from mlops.errors import did_you_mean
 
     raise NotFoundError(f"no API key with id '{key_id}' in {path}; {did_you_mean(key_id, [k['id'] for k in keys])}.")
