@@ -1,4 +1,4 @@
-"""Layer 2 (pure): the `registry:` config section: the release policy for the human spot-check, the shadow test and the canary.
+"""Layer 2 (pure): the `registry:` config section: the release policy for the human spot-check, the shadow test, the canary, the monitor and the loop trigger.
 
 The policy in force lives in the governed store: the newest `policy` entry of the ledger's governance stream,
 recorded at `mlops registry bootstrap` (from `configs/registry/release.yaml` under the project home, or the
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from mlops.config import StrictModel
+from mlops.config import StrictModel, added_option
 
 
 class SpotCheckPolicy(StrictModel):
@@ -47,10 +47,43 @@ class CanaryPolicy(StrictModel):
     interval: float = Field(5.0, gt=0, description="seconds between two reads of /metrics")
 
 
+class MonitorPolicy(StrictModel):
+    """What `mlops monitor` alerts on: a signal of the recent days worse than its reference (the version's first
+    days, or the previous champion) by more than the interval AND by more than the tolerance here."""
+
+    recent_days: int = Field(3, ge=1, le=90, description="days of traffic judged against the references")
+    baseline_days: int = Field(7, ge=1, le=90, description="a version's first days of traffic: its own baseline")
+    min_requests: int = Field(50, ge=1, le=1_000_000, description="fewest answers on each side of a comparison")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="level of every interval (Wilson, order-statistic)")
+    max_thumbs_down_increase: float = Field(0.05, ge=0, le=1, description="tolerated rise of the thumbs-down rate")
+    max_correction_increase: float = Field(0.05, ge=0, le=1, description="tolerated rise of the correction rate")
+    max_refusal_increase: float = Field(0.05, ge=0, le=1, description="tolerated rise of the refusal rate")
+    max_repeat_increase: float = Field(0.05, ge=0, le=1, description="tolerated rise of the repeated-question rate")
+    max_error_increase: float = Field(0.02, ge=0, le=1, description="tolerated rise of the error rate")
+    max_p95_ratio: float = Field(1.5, ge=1, le=100, description="tolerated p95 latency over the reference's")
+    repeat_window_seconds: float = Field(600.0, gt=0, le=7 * 86400, description="a near-duplicate question by the "
+                                         "same key within this many seconds counts as a repeat")
+    repeat_similarity: float = Field(0.6, gt=0, le=1, description="estimated Jaccard similarity (MinHash, as the "
+                                     "data pipeline's near dedup) that makes two questions one repeated question")
+
+
+class LoopPolicy(StrictModel):
+    """When `mlops loop check` opens the next round (it never promotes)."""
+
+    min_increment: int = Field(200, ge=1, le=10_000_000, description="accepted harvested records that open a round")
+    max_age_days: float = Field(30.0, gt=0, le=3650, description="a production version older than this opens one")
+    on_alert: bool = Field(True, description="an alert of `mlops monitor` opens one")
+    launch_training: bool = Field(False, description="launch the training run (MLflow Projects) after the build")
+    history_ratio: float = Field(0.3, ge=0, lt=1, description="history share of the next snapshot's train split")
+
+
 class RegistryConfig(StrictModel):
     spot_check: SpotCheckPolicy = Field(default_factory=SpotCheckPolicy)
     shadow: ShadowPolicy = Field(default_factory=ShadowPolicy)
     canary: CanaryPolicy = Field(default_factory=CanaryPolicy)
+    # Added later: at their defaults they stay out of the config hash, so configs keep theirs.
+    monitor: MonitorPolicy = added_option(MonitorPolicy())
+    loop: LoopPolicy = added_option(LoopPolicy())
 
 
 def policy_path() -> Path:
