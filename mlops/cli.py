@@ -119,6 +119,18 @@ def tracking_latest_run(
         typer.echo(run_id)
 
 
+@tracking_app.command("migrate-request-log")
+def tracking_migrate_request_log(
+    source: str | None = typer.Option(None, "--from", help="SQLAlchemy URL of the old tables (default: "
+                                      "MLOPS_REQUEST_LOG_DB, MLOPS_REGISTRY_DB, then the tracking database)"),
+) -> None:
+    """Move the retired request-log tables into MLflow traces (answers) and assessments (feedback), then drop
+    them. Reruns are no-ops."""
+    from mlops.requestlog_migrate import migrate
+
+    typer.echo(json.dumps(migrate(source)))
+
+
 @app.command()
 def info() -> None:
     """Where state lives: project home, tracking URI, image tag, git commit."""

@@ -1,11 +1,13 @@
-"""The server's side of the request log (`mlops.requestlog`): rows leave the request path through a bounded queue.
+"""The server's side of the request log (`mlops.requestlog`, MLflow traces): answers leave the request path
+through a bounded queue.
 
-A background thread takes rows off the queue, scrubs them (inside `requestlog.write_requests`) and writes them
-in batches, so neither the database nor the PII scrubber ever runs on the event loop. When the queue is full the
-row is dropped and counted (`mlops_serve_request_log_rows_total{outcome="dropped_full"}`): a slow database costs
-log rows, never a user's latency. Retention runs in the same thread, at start and then daily. Feedback
-(`POST /v1/feedback`) checks the request id against the rows still queued first, so feedback sent right after an
-answer is not refused because its row has not reached the database yet.
+A background thread takes rows off the queue, scrubs them and writes them as MLflow traces in batches (inside
+`requestlog.write_requests`), so neither the store nor the PII scrubber ever runs on the event loop. When the queue
+is full the row is dropped and counted (`mlops_serve_request_log_rows_total{outcome="dropped_full"}`): a slow store
+costs traces, never a user's latency; a trace that fails to write is counted as `write_error`, its answer already
+sent. Retention runs in the same thread, at start and then daily. Feedback (`POST /v1/feedback`) is an assessment
+on the answer's trace: it checks the request id and the key that sent it against the rows still queued first, and
+waits (off the event loop, `feedback_wait_s`) for a queued answer's trace to land before rating it.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ def request_messages(prep, engine):
 
 
 def answered_row(model: str, record: dict, serving, capture: dict) -> LoggedRequest:
-    """The log row of one answered request, from the middleware's access record and what its handler captured."""
+    """The log row of one answered request, from the middleware's access record and what its handler captured
+    (`capture["key"]`: the sending API key's name)."""
     response = capture.get("response")
     if response is None:
         response = "".join(capture.get("parts") or ())  # streamed, possibly cut short by a disconnect
@@ -65,12 +68,17 @@ def answered_row(model: str, record: dict, serving, capture: dict) -> LoggedRequ
         status=record["status"], role=record.get("role") or "user", profile_hash=serving.profile_hash,
         latency_ms=record["latency_ms"] or 0.0, ttft_ms=record.get("ttft_ms"),
         tokens_in=record.get("prompt_tokens") or 0, tokens_out=record.get("completion_tokens") or 0,
-        error=capture.get("error"),
+        error=capture.get("error"), key=capture.get("key"), engine=serving_engine(serving),
+        quantization=getattr(getattr(serving, "profile", None), "quantization", None),
     )
 
 
+def serving_engine(serving) -> str | None:
+    return getattr(getattr(serving, "engine", None), "name", None)
+
+
 def log_version(version: str) -> str:
-    """A version as the log's column holds it: registry versions are short; a folder's name may not be."""
+    """A version as the trace's tag holds it: registry versions are short; a folder's name may not be."""
     if len(version) <= 40:
         return version
     import hashlib
@@ -83,14 +91,17 @@ class RequestLogWriter:
     (e.g. decoding token ids), resolved on that thread too."""
 
     def __init__(self, *, url: str | None = None, queue_size: int = 10000, batch_rows: int = 200,
-                 flush_seconds: float = 0.5, retention_days: float | None = 30.0) -> None:
+                 flush_seconds: float = 0.5, retention_days: float | None = 30.0,
+                 feedback_wait_s: float = 10.0) -> None:
         self.url = url
         self.batch_rows, self.flush_seconds, self.retention_days = batch_rows, flush_seconds, retention_days
+        self.feedback_wait_s = feedback_wait_s
         self.counts: Counter = Counter()  # outcome -> rows: written, dropped_full, duplicate, write_error
         self.on_count: Callable[[str, int], None] | None = None  # metrics
         self.pruned = 0
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._pending: Counter = Counter()  # request ids queued and not yet written
+        self._pending_keys: dict[str, str | None] = {}  # their user-facing rows' key names (feedback checks)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -113,21 +124,42 @@ class RequestLogWriter:
                 self._count("dropped_full")
                 return False
             self._pending[row.request_id] += 1
+            if row.role != "shadow":
+                self._pending_keys[row.request_id] = row.key
         return True
 
-    def known(self, request_id: str) -> bool:
-        """A user-facing answer with this id was logged (or is about to be); shadow rows take no feedback."""
-        from mlops.requestlog import known_request
+    def owner(self, request_id: str) -> tuple[bool, str | None]:
+        """(a user-facing answer with this id was logged or is about to be, the key name that sent it); shadow
+        answers take no feedback."""
+        from mlops.requestlog import request_owner
 
         with self._lock:
-            if self._pending.get(request_id):
-                return True
-        return known_request(request_id, self.url, roles=("user", "canary"))
+            if self._pending.get(request_id) and request_id in self._pending_keys:
+                return True, self._pending_keys[request_id]
+        return request_owner(request_id, self.url, roles=("user", "canary"))
+
+    def known(self, request_id: str) -> bool:
+        return self.owner(request_id)[0]
 
     def write_feedback(self, item: Feedback) -> None:
+        """Rate the answer's trace; an answer still queued is waited for (its trace must exist to be rated)."""
         from mlops.requestlog import write_feedback
 
+        if not self.wait_written(item.request_id, self.feedback_wait_s):
+            raise TimeoutError(f"the trace of request {item.request_id} was not written within "
+                               f"{self.feedback_wait_s:g} s")
         write_feedback(item, self.url)
+
+    def wait_written(self, request_id: str, timeout: float) -> bool:
+        """The row with this id left the queue (written, or counted as lost) within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if not self._pending.get(request_id):
+                    return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
 
     def start(self) -> RequestLogWriter:
         if self._thread is not None:  # idempotent: the app starts what it was given
@@ -195,35 +227,33 @@ class RequestLogWriter:
                 self._error(f"row {row.request_id} could not be prepared ({type(err).__name__}: {err})")
                 self._count("write_error")
         try:
-            write_requests(rows, self.url)
-            self._count("written", len(rows))
-        except Exception as err:  # noqa: BLE001 - retried row by row: a duplicate id must not cost its neighbours
-            if len(rows) > 1 or not _is_duplicate(err):
-                self._write_alone(rows, err)
-            else:
-                self._count("duplicate")
+            self._written(rows, write_requests(rows, self.url))
+        except Exception:  # noqa: BLE001 - retried row by row: one bad row must not cost its neighbours
+            self._write_alone(rows)
         finally:
             with self._lock:
                 for row in batch:
                     self._pending[row.request_id] -= 1
                     if self._pending[row.request_id] <= 0:
                         del self._pending[row.request_id]
+                        self._pending_keys.pop(row.request_id, None)
 
-    def _write_alone(self, rows: list[LoggedRequest], first: BaseException) -> None:
+    def _written(self, rows: list[LoggedRequest], skipped: list[str]) -> None:
+        self._count("written", len(rows) - len(skipped))
+        if skipped:
+            self._count("duplicate", len(skipped))
+            log.warning("request log: request ids %s were logged before; these answers are not logged again "
+                        "(clients should send unique X-Request-ID values)", ", ".join(skipped[:5]))
+
+    def _write_alone(self, rows: list[LoggedRequest]) -> None:
         from mlops.requestlog import write_requests
 
         for row in rows:
             try:
-                write_requests([row], self.url)
-                self._count("written")
+                self._written([row], write_requests([row], self.url))
             except Exception as err:  # noqa: BLE001 - counted and logged; serving goes on
-                if _is_duplicate(err):
-                    self._count("duplicate")
-                    log.warning("request log: request id %s was logged before; this answer is not logged "
-                                "(clients should send unique X-Request-ID values)", row.request_id)
-                else:
-                    self._count("write_error")
-                    self._error(f"rows could not be written ({type(err).__name__}: {str(err)[:300]})")
+                self._count("write_error")
+                self._error(f"traces could not be written ({type(err).__name__}: {str(err)[:300]})")
 
     def _prune(self) -> None:
         if not self.retention_days:
@@ -253,6 +283,3 @@ class RequestLogWriter:
             self._last_error = now
             log.error("request log: %s; serving goes on, rows are counted as lost", message)
 
-
-def _is_duplicate(err: BaseException) -> bool:
-    return type(err).__name__ == "IntegrityError"

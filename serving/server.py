@@ -9,7 +9,7 @@ when it sends a safe one); model responses name the version that answered in `X-
 
 Around the main slot: a canary slot that takes a share of generation requests while the registry runs a canary
 (`serving_canary`), a shadow model that answers a share again in the background (`serving_shadow`), and the
-request log every generation answer goes to (`serving.request_log`).
+request log every generation answer goes to as an MLflow trace (`serving.request_log`, `mlops.requestlog`).
 
 String prompts are tokenized without special tokens, exactly as lm-eval's `hf` model does: a server that
 prepends BOS would shift loglikelihoods by several nats.
@@ -215,6 +215,8 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None, request_log=No
         capture["scoring"] = not prep.chat and prep.body.echo
         capture["shadowable"] = not capture["scoring"] and len(prep.prompts) == 1
         capture["messages"] = request_messages(prep, v.engine)
+        identity = getattr(request.state, "identity", None)
+        capture["key"] = identity.name if identity is not None else None  # the key's name on the trace, never the key
         if prep.body.stream:
             return stream(v, prep, request, request.state.request_id)
         out = await run(v, prep, request, request.state.request_id)
@@ -240,10 +242,15 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None, request_log=No
         identity = getattr(request.state, "identity", None)
         item = parse_feedback(await request.body(), identity.name if identity is not None else None)
         try:
-            if not await run_in_threadpool(request_log.known, item.request_id):
-                raise ApiError(404, f"no answer with request id '{item.request_id}' is in the request log; send the "
-                               "X-Request-ID of an answer from this service.", param="request_id",
-                               code="request_not_found")
+            logged, owner = await run_in_threadpool(request_log.owner, item.request_id)
+            if not logged:
+                raise ApiError(404, f"request_id '{item.request_id}': no answer with this id is in the request log "
+                               "(its traces); send the X-Request-ID of an answer from this service.",
+                               param="request_id", code="request_not_found")
+            if owner is not None and owner != item.source:
+                raise ApiError(403, f"request_id '{item.request_id}' was answered for another API key, and feedback "
+                               "is taken only from the key that asked; send it with that key.", param="request_id",
+                               code="feedback_not_yours")
             await run_in_threadpool(request_log.write_feedback, item)
         except ApiError:
             raise
@@ -303,8 +310,9 @@ def serve(model_dir: Path | str, profile: DeploymentProfile, *, host: str = "127
     request_log = None
     if config.request_log.enabled:
         from mlops.requestlog import log_url
+        from mlops.tracking import check_tracking_uri
 
-        log_url(config.request_log.database)  # a store that cannot be named fails now, not on the first request
+        check_tracking_uri(log_url(config.request_log.database))  # an unreachable store fails now, not later
         request_log = RequestLogWriter.from_config(config.request_log)
     engine = build_engine(model_dir, engine_spec(config, profile, threads))
     runner = _shadow_runner(shadow, config, model_name or Path(model_dir).name) if shadow is not None else None

@@ -78,13 +78,14 @@ class ShadowRunner:
         """Maybe shadow this answered request; never blocks. True when it was queued."""
         if self._stop.is_set() or self.slot.current is None or not sampled(request_id, self.share, "shadow"):
             return False  # stopping, no candidate loaded yet, or not in the sampled share
+        with self._lock:  # counted before it is queued: `wait_idle` must never see a taken offer as none
+            self._outstanding += 1
         try:
             self._queue.put_nowait(_Offer(request_id, route, body, time.monotonic()))
         except queue.Full:
+            self._done()
             self._count("dropped_busy")
             return False
-        with self._lock:
-            self._outstanding += 1
         return True
 
     # ------------------------------------------------------------------ lifecycle
@@ -172,7 +173,7 @@ class ShadowRunner:
         from mlops.requestlog import LoggedRequest
         from serving.api_schema import ApiError
         from serving.completions import View, prepare_chat, prepare_completion
-        from serving.request_log import log_version, request_messages
+        from serving.request_log import log_version, request_messages, serving_engine
         from serving.slot import SlotError
 
         ctx = self._ctx
@@ -186,7 +187,8 @@ class ShadowRunner:
             row = LoggedRequest(f"{offer.request_id}:shadow", (ctx.log_model or ctx.slot.name)[:256],
                                 log_version(serving.version),
                                 offer.route, [], "", role="shadow", parent_id=offer.request_id,
-                                profile_hash=serving.profile_hash)
+                                profile_hash=serving.profile_hash, engine=serving_engine(serving),
+                                quantization=serving.profile.quantization)
             prepare = prepare_chat if offer.route == "/v1/chat/completions" else prepare_completion
             try:
                 prep = prepare(view, offer.body)
@@ -226,13 +228,13 @@ class ShadowRunner:
 
     def _finish(self, row, outcome: str) -> None:
         ctx = self._ctx
+        if outcome == "answered":
+            ctx.metrics.shadow_latency.labels(row.version).observe(row.latency_ms / 1000)
+        self._count(outcome, row.version)  # before the row is queued: a flushed log implies the counter moved
         # Only the candidate's own answers and failures are evidence: one cut short by user traffic or by the
         # server stopping says nothing about it, and is only counted.
         if ctx.request_log is not None and not outcome.startswith("dropped"):
             ctx.request_log.submit(row)
-        if outcome == "answered":
-            ctx.metrics.shadow_latency.labels(row.version).observe(row.latency_ms / 1000)
-        self._count(outcome, row.version)
 
     def _count(self, outcome: str, version: str | None = None) -> None:
         self.counts[outcome] = self.counts.get(outcome, 0) + 1

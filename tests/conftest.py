@@ -188,6 +188,31 @@ def postgres_url() -> str:
 
 
 @pytest.fixture(scope="session")
+def traced_store_template(tmp_path_factory) -> Path:
+    """An embedded MLflow store with its schema and the request log's experiment, made once per session: making
+    MLflow's schema costs seconds, and every test that serves or reads traces needs one."""
+    home = tmp_path_factory.mktemp("traced-store") / "home"
+    home.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLOPS_HOME", str(home))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        from mlops.requestlog import store
+
+        store()
+    return home / ".mlops" / "mlflow.db"
+
+
+@pytest.fixture
+def traced_home(traced_store_template, mlops_home) -> Path:
+    """`mlops_home` whose tracking store starts as a copy of the template (the request log's traces go there)."""
+    import shutil
+
+    (mlops_home / ".mlops").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(traced_store_template, mlops_home / ".mlops" / "mlflow.db")
+    return mlops_home
+
+
+@pytest.fixture(scope="session")
 def app_store_template(tmp_path_factory, tiny_model) -> Path:
     """A release history for the approval app's tests, built once per session (see app.testing.seed_release)."""
     home = tmp_path_factory.mktemp("app-store") / "home"

@@ -69,10 +69,12 @@ def test_shadow_answers_are_logged_beside_the_users_and_the_users_answer_is_unch
         alone = _ask(client)
     runner = _runner(engines, profile)
     shadowed, writer = _app(engines, tiny_model, profile, shadow=runner)
+    answered = 'mlops_serve_shadow_requests_total{outcome="answered",version="2"} 2.0'
     with serve_in_thread(shadowed) as url, httpx.Client(base_url=url, timeout=60) as client:
         with_shadow = _ask(client)
+        # The second offer is made after its response was sent: wait for both shadow answers, not for a moment.
+        metrics = _wait_for(lambda: client.get("/metrics").text, lambda text: answered in text, 60)
         assert runner.wait_idle(60) and writer.flush(30)
-        metrics = client.get("/metrics").text
     assert [a[:2] for a in with_shadow] == [(200, "1"), (200, "1")]
     assert [a[2] for a in with_shadow] == [a[2] for a in alone]  # same bytes as without a shadow
     rows = {r["request_id"]: r for r in read_requests(model="bot") if r["request_id"] in ("chat-1", "stream-1",
@@ -87,7 +89,17 @@ def test_shadow_answers_are_logged_beside_the_users_and_the_users_answer_is_unch
         assert shadow["response"] == user["response"]  # the same weights answer the same, in the background
         assert shadow["tokens_in"] == user["tokens_in"] and shadow["tokens_out"] == user["tokens_out"]
         assert shadow["latency_ms"] > 0
-    assert 'mlops_serve_shadow_requests_total{outcome="answered",version="2"} 2.0' in metrics
+    assert answered in metrics
+
+
+def _wait_for(read, done, timeout: float):
+    """`read()` until `done(value)` or the timeout; returns the last value read."""
+    deadline = time.monotonic() + timeout
+    value = read()
+    while not done(value) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        value = read()
+    return value
 
 
 def test_the_shadow_engine_makes_no_progress_while_the_user_engine_has_work(engines):

@@ -76,19 +76,10 @@ def collect(since: float, *, model: str | None = None, url: str | None = None) -
 
 
 def _requests(ids: list[str], url: str | None) -> dict[str, dict]:
-    """User-facing logged requests by id (a shadow's answer was never shown to anyone)."""
-    import sqlalchemy as sa
+    """User-facing logged requests by id, read back from their traces (a shadow's answer was never shown)."""
+    from mlops.requestlog import read_requests
 
-    from mlops.requestlog import REQUESTS, engine
-
-    found: dict[str, dict] = {}
-    with engine(url).connect() as conn:
-        for start in range(0, len(ids), 500):
-            query = sa.select(REQUESTS).where(REQUESTS.c.request_id.in_(ids[start:start + 500]),
-                                              REQUESTS.c.role != "shadow")
-            for row in conn.execute(query).mappings():
-                found[row["request_id"]] = {**dict(row), "messages": json.loads(row["messages"])}
-    return found
+    return {row["request_id"]: row for row in read_requests(request_ids=ids, url=url) if row["role"] != "shadow"}
 
 
 def harvest(since: str, out: Path | str, *, model: str | None = None, url: str | None = None) -> dict:
