@@ -57,6 +57,8 @@ lint: install
 # Every benchmark, one after the other; writes benchmarks/results/<date>.{json,md} and benchmarks/RESULTS.md.
 # ARGS="--only registry,shadow" runs some of them.
 bench: install
+	@# the bench extra: datatrove, the peer bench_data_peer.py measures against (never on the runtime path)
+	$(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/python benchmarks/report.py $(ARGS)
 
 clean-state:
