@@ -243,3 +243,22 @@ def test_mlops_monitor_reads_what_serving_wrote_and_flags_the_drop(mlops_home, m
     report = json.loads(done.output)
     assert [(a["signal"], a["reference"]) for a in report["alerts"]] == [("thumbs_down", "first_week")]
     assert report["versions"]["1"]["recent"]["thumbs_down"]["k"] == sum(f["ts"] >= now - 3 * DAY for f in feedback)
+
+
+def test_the_alert_rules_query_the_gauges_the_monitor_writes(tmp_path):
+    import re
+
+    import yaml
+
+    from evaluation.monitor_cli import write_textfile
+    from registry.config import MonitorPolicy
+    from tests.conftest import REPO
+
+    rows, feedback = traffic(random.Random(5), version="1", start=NOW - 14 * DAY, days=14, per_day=60,
+                             drop_from=NOW - 3 * DAY, drop={"thumbs_down": 0.3})
+    result = {**judge(rows, feedback), "policy": MonitorPolicy().model_dump()}
+    write_textfile(tmp_path / "m.prom", result)
+    written = set(re.findall(r"^(mlops_monitor_\w+)\{", (tmp_path / "m.prom").read_text(), re.MULTILINE))
+    rules = yaml.safe_load((REPO / "deploy" / "prometheus" / "alerts.yml").read_text())["groups"][0]["rules"]
+    queried = {name for rule in rules for name in re.findall(r"mlops_monitor_\w+", rule["expr"])}
+    assert queried and queried <= written
