@@ -32,8 +32,6 @@ from typing import Any
 from mlops.data import acceptance, clean, tokenize
 from mlops.data.batches import BatchWriter, GateError
 from mlops.data.checks import RecordPolicy, check_batch
-from mlops.data.dedup import ExactIndex, Keys, NearIndex, load_prior
-from mlops.data.diskindex import DiskExactIndex, DiskNearIndex, connect
 from mlops.data.format import (
     hash_files,
     publish,
@@ -48,11 +46,8 @@ from mlops.data.manifest import assemble_manifest, log_build
 from mlops.data.mixing import domain_rng, interleave, plan_mix, select
 from mlops.data.parallel import OrderedPool, chunked, open_executor
 from mlops.data.quarantine import Quarantine
-from mlops.data.records import BadInputError, Record, read_source
+from mlops.data.sharded import CleanSummary, run_cleaning
 from mlops.errors import MLOpsError
-
-CLEAN_CHUNK = 128
-MAX_ISSUES = 200
 
 __all__ = ["BuildResult", "EmptySnapshotError", "GateError", "Terminated", "build_snapshot"]
 
@@ -107,69 +102,14 @@ class Build:
         self.issues: list[dict] = []
         self.per_source = {s["name"]: Counter() for s in inputs.sources}
 
-    # ----------------------------------------------------------------- reading
+    # ----------------------------------------------------------------- stage A: clean and dedup (on the workers)
 
-    def records(self) -> Any:
-        for src in self.inputs.sources:
-            stats = self.per_source[src["name"]]
-            for item in read_source(src["path"], src["name"], src["format"], src["domain"], src["sha256"]):
-                if isinstance(item, Record):
-                    stats["records"] += 1
-                    yield item
-                    continue
-                if self.data.on_bad_record == "fail":
-                    raise BadInputError(item.message() + " (data.on_bad_record=fail; set it to skip to "
-                                        "quarantine bad rows and go on)")
-                stats["issues"] += 1
-                self.counters[f"bad_input.{item.code}"] += 1
-                entry = self.quarantine.issue(item)
-                if len(self.issues) < MAX_ISSUES:  # all of them are in quarantine/bad_input.jsonl
-                    self.issues.append(entry)
-
-    # ----------------------------------------------------------------- stage A: clean
-
-    def clean(self, pool: OrderedPool) -> tuple[clean.Cleaner, dict[str, int], dict[str, Path]]:
-        dedup = self.data.dedup
-        keys = Keys()
-        db = connect(self.work / "dedup.sqlite") if dedup.index == "disk" else None
-        try:
-            if db is not None:
-                exact = DiskExactIndex(db, keys)
-                near = DiskNearIndex(db, dedup.threshold, dedup.num_perm, keys) if dedup.near else None
-            else:
-                exact = ExactIndex(keys)
-                near = NearIndex(dedup.threshold, dedup.num_perm, keys) if dedup.near else None
-            return self._clean(pool, exact, near)
-        finally:
-            if db is not None:
-                db.close()
-
-    def _clean(self, pool: OrderedPool, exact: Any, near: Any) -> tuple[clean.Cleaner, dict[str, int], dict[str, Path]]:
-        params = self.dedup_params()
-        for sid, path in self.inputs.priors:
-            self.counters[f"dedup.prior_records.{sid}"] = load_prior(path, sid, params, exact, near)
-        counts: Counter[str] = Counter()
-        spills: dict[str, Any] = {}
-        paths: dict[str, Path] = {}
-        cleaner = clean.Cleaner(self.data, self.quarantine, exact, near)
-        results = pool.map(clean.clean_chunk, chunked(self.records(), CLEAN_CHUNK))
-        try:
-            for item in cleaner.consume(results):
-                domain = item.record.domain
-                if domain not in spills:
-                    paths[domain] = self.work / f"clean-{len(paths):03d}.jsonl"
-                    spills[domain] = paths[domain].open("w", encoding="utf-8")
-                spills[domain].write(clean.spill_line(item))
-                counts[domain] += 1
-        finally:
-            for fh in spills.values():
-                fh.close()
-        self.counters.update(cleaner.counters)
-        if near is not None:
-            self.counters["dedup.near_candidates"] = near.candidates
+    def clean(self, pool: OrderedPool) -> tuple[CleanSummary, dict[str, int], dict[str, list[Path]]]:
+        summary, available, paths = run_cleaning(self, pool)
+        self.counters.update(summary.counters)
         with (self.staging / "reports" / "decontam.jsonl").open("w", encoding="utf-8") as fh:
-            fh.writelines(json.dumps(h, ensure_ascii=False, sort_keys=True) + "\n" for h in cleaner.decontam_hits)
-        return cleaner, dict(counts), paths
+            fh.writelines(json.dumps(h, ensure_ascii=False, sort_keys=True) + "\n" for h in summary.decontam_hits)
+        return summary, available, paths
 
     def dedup_params(self) -> dict:
         d = self.data.dedup
@@ -179,7 +119,7 @@ class Build:
 
     def batches(self, pool: OrderedPool, plan, paths: dict[str, Path], writer: BatchWriter) -> None:
         streams = {
-            d: select(clean.read_spill(paths[d]), plan.available[d], n, domain_rng(self.inputs.seed, d))
+            d: select(_read_spills(paths[d]), plan.available[d], n, domain_rng(self.inputs.seed, d))
             for d, n in plan.take.items() if n > 0
         }
         mixed = (row for _, row in interleave(streams, plan.take))
@@ -254,6 +194,11 @@ class Build:
         for entry in self.inputs.eval_files:
             entry["items"] = index.add_file(entry["path"], entry["name"])
         return index
+
+
+def _read_spills(paths: list[Path]) -> Iterator[dict]:
+    for path in paths:
+        yield from clean.read_spill(path)
 
 
 def build_snapshot(cfg: Any, tracker: Any = None, *, force: bool = False) -> BuildResult:

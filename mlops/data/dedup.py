@@ -222,22 +222,7 @@ def save_index(folder: Path, exact: list[int], sigs: list[np.ndarray], params: d
 
 def load_prior(folder: Path, snapshot_id: str, params: dict, exact: Any, near: Any) -> int:
     """Add an earlier snapshot's records to the indexes; returns how many were added."""
-    params_path = folder / PARAMS_FILE
-    if not params_path.exists():
-        raise ConfigError(
-            f"snapshot {snapshot_id} has no dedup index ({PARAMS_FILE}), so it cannot be deduplicated against. "
-            "Fix: remove it from data.dedup.against_snapshots, or rebuild it with `mlops data build`."
-        )
-    stored = json.loads(params_path.read_text())
-    if near is not None and {k: stored.get(k) for k in ("num_perm", "shingle")} != {
-        k: params[k] for k in ("num_perm", "shingle")
-    }:
-        raise ConfigError(
-            f"snapshot {snapshot_id} was deduplicated with num_perm={stored.get('num_perm')}, "
-            f"shingle={stored.get('shingle')}; this build uses num_perm={params['num_perm']}, "
-            f"shingle={params['shingle']}. Fix: set data.dedup.num_perm and data.dedup.shingle to the "
-            "snapshot's values so signatures are comparable."
-        )
+    check_prior(folder, snapshot_id, params, near is not None)
     hashes = np.load(folder / EXACT_FILE)
     start = exact.keys.prior(snapshot_id, len(hashes))
     for i, h in enumerate(hashes.tolist()):
@@ -246,3 +231,23 @@ def load_prior(folder: Path, snapshot_id: str, params: dict, exact: Any, near: A
         for i, sig in enumerate(np.load(folder / MINHASH_FILE, mmap_mode="r")):
             near.insert(-(start + i), np.asarray(sig))
     return len(hashes)
+
+
+def check_prior(folder: Path, snapshot_id: str, params: dict, near: bool) -> None:
+    """An earlier snapshot can be deduplicated against: it has an index, and comparable signatures."""
+    params_path = folder / PARAMS_FILE
+    if not params_path.exists():
+        raise ConfigError(
+            f"snapshot {snapshot_id} has no dedup index ({PARAMS_FILE}), so it cannot be deduplicated against. "
+            "Fix: remove it from data.dedup.against_snapshots, or rebuild it with `mlops data build`."
+        )
+    stored = json.loads(params_path.read_text())
+    if near and {k: stored.get(k) for k in ("num_perm", "shingle")} != {
+        k: params[k] for k in ("num_perm", "shingle")
+    }:
+        raise ConfigError(
+            f"snapshot {snapshot_id} was deduplicated with num_perm={stored.get('num_perm')}, "
+            f"shingle={stored.get('shingle')}; this build uses num_perm={params['num_perm']}, "
+            f"shingle={params['shingle']}. Fix: set data.dedup.num_perm and data.dedup.shingle to the "
+            "snapshot's values so signatures are comparable."
+        )

@@ -1,0 +1,146 @@
+"""The sharded dedup of a build as worker tasks: one task per (band, hash range), then one cluster task.
+
+Keys: the rows of earlier snapshots (data.dedup.against_snapshots, the history snapshot) come first, in the
+order they are named, then each partition's rows in partition order (mlops.data.partitions). A segment is one
+such run of keys and the files that hold its hashes and signatures; tasks read them memory-mapped, so what a task
+holds is bounded by its shard (mlops.data.lsh.SHARD_RECORDS), not by the input.
+
+The driver plans the tasks and waits (`plan_dedup`); band tasks write their edges to the work folder; the
+cluster task joins them into connected components (its memory grows with the duplicates found, not with the
+records) and writes each partition's drops, naming for each dropped row the kept record of its cluster.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mlops.data.dedup import EXACT_FILE, MINHASH_FILE
+from mlops.data.lsh import SHARD_RECORDS, Edges, band_hash, bucket_edges, components, similarity
+
+PRIOR_BLOCK = 65536
+
+
+@dataclass(frozen=True)
+class Segment:
+    base: int  # first key
+    count: int
+    exact: str  # .npy of uint64
+    sigs: str  # .npy of (count, num_perm) uint32, or "" when near dedup is off
+    bands: str = ""  # .npy of (bands, count) uint64: a partition's precomputed band hashes
+    snapshot: str = ""  # an earlier snapshot's id: its keys are named "<id>#<row>"
+    ids: str = ""  # a partition's record ids as uint64
+    folder: str = ""  # a partition's folder (drops.jsonl goes there)
+
+
+def prior_segment(base: int, snapshot_id: str, folder: Path, near: bool) -> Segment:
+    count = len(np.load(folder / EXACT_FILE, mmap_mode="r"))
+    return Segment(base, count, str(folder / EXACT_FILE), str(folder / MINHASH_FILE) if near else "",
+                   snapshot=snapshot_id)
+
+
+def partition_segment(base: int, count: int, folder: Path, near: bool) -> Segment:
+    return Segment(base, count, str(folder / "exact.npy"), str(folder / "sigs.npy") if near else "",
+                   bands=str(folder / "bands.npy") if near else "", ids=str(folder / "ids.npy"), folder=str(folder))
+
+
+class Store:
+    """Key -> segment, signature, exact hash, name; arrays opened memory-mapped on first use."""
+
+    def __init__(self, segments: list[Segment]) -> None:
+        self.segments = segments
+        self.bases = [s.base for s in segments]
+        self._open: dict[str, np.ndarray] = {}
+
+    def array(self, path: str) -> np.ndarray:
+        if path not in self._open:
+            self._open[path] = np.load(path, mmap_mode="r")
+        return self._open[path]
+
+    def locate(self, key: int) -> tuple[Segment, int]:
+        seg = self.segments[bisect.bisect_right(self.bases, key) - 1]
+        return seg, key - seg.base
+
+    def sig(self, key: int) -> np.ndarray:
+        seg, row = self.locate(key)
+        return np.asarray(self.array(seg.sigs)[row])
+
+    def exact(self, key: int) -> int:
+        seg, row = self.locate(key)
+        return int(self.array(seg.exact)[row])
+
+    def name(self, key: int) -> str:
+        seg, row = self.locate(key)
+        if seg.snapshot:
+            return f"{seg.snapshot}#{row}"
+        return f"r-{int(self.array(seg.ids)[row]):016x}"
+
+
+def _band_of(store: Store, seg: Segment, band: int, rows: int) -> np.ndarray:
+    """One segment's hashes for `band` (-1: the exact hashes)."""
+    if band < 0:
+        return np.asarray(store.array(seg.exact), dtype=np.uint64)
+    if seg.bands:
+        return np.asarray(store.array(seg.bands)[band], dtype=np.uint64)
+    sigs = store.array(seg.sigs)  # an earlier snapshot: its signatures, banded here block by block
+    if sigs.ndim != 2 or sigs.shape[1] < (band + 1) * rows:
+        return np.zeros(0, np.uint64)
+    return np.concatenate([band_hash(sigs[i : i + PRIOR_BLOCK], band, rows)
+                           for i in range(0, len(sigs), PRIOR_BLOCK)] or [np.zeros(0, np.uint64)])
+
+
+def band_task(task: dict) -> int:
+    """Edges of one band's hash range (band -1: exact dedup) -> <out>.npy; returns the confirmations tried."""
+    store = Store(task["segments"])
+    shards, shard = task["shards"], task["shard"]
+    hashes, keys = [], []
+    for seg in store.segments:
+        h = _band_of(store, seg, task["band"], task["rows"])
+        if seg.snapshot and len(h) != seg.count:  # an earlier snapshot without signatures: not in the LSH
+            continue
+        mine = (h >> np.uint64(40)) % np.uint64(shards) == shard if shards > 1 else np.ones(len(h), bool)
+        hashes.append(h[mine])
+        keys.append(np.flatnonzero(mine).astype(np.int64) + seg.base)
+    h = np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
+    k = np.concatenate(keys) if keys else np.zeros(0, np.int64)
+    sig_of = None if task["band"] < 0 else store.sig
+    edges = bucket_edges(h, k, sig_of, task["threshold"]) if len(h) else Edges.empty()
+    np.save(task["out"], np.stack([edges.low, edges.high]))
+    return edges.candidates
+
+
+def cluster_task(task: dict) -> int:
+    """Connected components of every band's edges -> drops.jsonl in each partition folder; returns the drops."""
+    store = Store(task["segments"])
+    pairs = [np.load(path) for path in task["edges"]]
+    low = np.concatenate([p[0] for p in pairs]) if pairs else np.zeros(0, np.int64)
+    high = np.concatenate([p[1] for p in pairs]) if pairs else np.zeros(0, np.int64)
+    roots = components(low, high)
+    first_new = task["first_new"]
+    by_folder: dict[str, list] = {}
+    for key in sorted(k for k, root in roots.items() if root != k and k >= first_new):
+        root = roots[key]
+        seg, row = store.locate(key)
+        exact = task["exact"] and store.exact(key) == store.exact(root)
+        sim = None if exact else round(similarity(store.sig(key), store.sig(root)), 4)
+        reason = ("exact" if exact else "near") + ("_of_snapshot" if root < first_new else "")
+        by_folder.setdefault(seg.folder, []).append([row, reason, store.name(root), sim])
+    for folder, rows in by_folder.items():
+        with (Path(folder) / "drops.jsonl").open("w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in rows)
+    return sum(len(rows) for rows in by_folder.values())
+
+
+def plan_dedup(segments: list[Segment], work: Path, exact: bool, near: bool, bands: int, rows: int,
+               threshold: float) -> list[dict]:
+    """The band tasks: hash ranges per band so that no task holds more than SHARD_RECORDS keys."""
+    total = sum(s.count for s in segments)
+    shards = max(1, math.ceil(total / SHARD_RECORDS))
+    which = ([-1] if exact else []) + (list(range(bands)) if near else [])
+    return [{"band": b, "shard": s, "shards": shards, "rows": rows, "threshold": threshold, "segments": segments,
+             "out": str(work / f"edges-{b + 1:03d}-{s:04d}.npy")} for b in which for s in range(shards)]
