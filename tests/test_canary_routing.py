@@ -13,7 +13,7 @@ from serving.testing import canary_start, canary_stop
 
 
 @pytest.mark.parametrize("engine", ["hf", "llamacpp"])
-def test_canary_takes_its_share_labelled_and_counted_per_version_then_unloads(mlops_home, tiny_model, tmp_path, engine,
+def test_canary_takes_its_share_labelled_and_counted_per_version_then_unloads(traced_home, tiny_model, tmp_path, engine,
                                                                               request):
     import httpx
 

@@ -1,4 +1,5 @@
-"""POST /v1/feedback: a rating and an optional correction of a logged answer, checked and stored scrubbed."""
+"""POST /v1/feedback: a rating and an optional correction of a logged answer, checked, and stored scrubbed as
+assessments on the answer's MLflow trace (the rating from the sending key's name, a correction as an expectation)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 
 
 @pytest.fixture
-def served(mlops_home, tiny_model, tmp_path):
+def served(traced_home, tiny_model, tmp_path):
     """A keyed server with a request log; yields (client, headers, writer)."""
     import httpx
 
@@ -18,10 +19,12 @@ def served(mlops_home, tiny_model, tmp_path):
 
     keys_file = tmp_path / "keys.json"
     key, _ = add_key(keys_file, "helpdesk-app")
+    other, _ = add_key(keys_file, "billing-app")
     writer = RequestLogWriter(flush_seconds=0.05)
     app = create_app(tiny_model["path"], load_profile(tiny_model["path"]), model_name="bot", version="3",
                      keys=KeyStore(keys_file), request_log=writer, log_model="bot")
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=60) as client:
+        client.other_key = {"Authorization": f"Bearer {other}"}
         yield client, {"Authorization": f"Bearer {key}"}, writer
 
 
@@ -41,10 +44,10 @@ def test_feedback_right_after_an_answer_is_stored_scrubbed_with_the_senders_key_
     client, headers, writer = served
     slow, real = threading.Event(), requestlog.write_requests
     monkeypatch.setattr(requestlog, "write_requests", lambda rows, url=None: slow.wait(30) and real(rows, url))
-    rid = _answer(client, headers)  # its row waits in the writer's queue: not in the database yet
+    rid = _answer(client, headers)  # its row waits in the writer's queue: no trace yet
+    threading.Timer(0.5, slow.set).start()  # the store answers while the feedback waits for the trace
     sent = client.post("/v1/feedback", headers=headers,
                        json={"request_id": rid, "rating": -1, "correction": "It ships Monday; ask bob@example.org"})
-    slow.set()
     assert sent.status_code == 200, sent.text
     assert sent.json()["request_id"] == rid and sent.json()["rating"] == -1
     stored = read_feedback(request_ids=[rid])
@@ -52,6 +55,27 @@ def test_feedback_right_after_an_answer_is_stored_scrubbed_with_the_senders_key_
     assert "bob@example.org" not in stored[0]["correction"] and "ships Monday" in stored[0]["correction"]
     assert writer.flush(30)
     assert client.post("/v1/feedback", headers=headers, json={"request_id": rid, "rating": 1}).status_code == 200
+
+
+def test_feedback_is_an_assessment_on_the_answers_trace_and_another_keys_feedback_is_refused(served):
+    import mlflow
+
+    from mlops.requestlog import EXPERIMENT, trace_id_of
+    from mlops.tracking import tracking_uri
+
+    client, headers, writer = served
+    rid = _answer(client, headers)
+    assert writer.flush(30)
+    theirs = client.post("/v1/feedback", headers=client.other_key, json={"request_id": rid, "rating": -1})
+    assert theirs.status_code == 403 and theirs.json()["error"]["param"] == "request_id", theirs.text
+    assert rid in theirs.json()["error"]["message"] and "that key" in theirs.json()["error"]["message"]
+    assert client.post("/v1/feedback", headers=headers, json={"request_id": rid, "rating": 1}).status_code == 200
+    mlflow.set_tracking_uri(tracking_uri())
+    (trace,) = mlflow.search_traces(locations=[mlflow.get_experiment_by_name(EXPERIMENT).experiment_id],
+                                    filter_string="tag.`mlops.version` = '3'", return_type="list")
+    assert trace.info.trace_id == trace_id_of(rid) and trace.info.tags["mlops.key"] == "helpdesk-app"
+    (rating,) = trace.info.assessments
+    assert (rating.name, rating.feedback.value, rating.source.source_id) == ("rating", 1, "helpdesk-app")
 
 
 def test_feedback_for_an_unknown_or_shadow_request_id_is_404(served):

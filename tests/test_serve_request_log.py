@@ -25,7 +25,7 @@ def _served(tiny_model, profile, **parts):
     return app, writer
 
 
-def test_answers_are_logged_scrubbed_with_id_version_profile_latency_and_tokens(mlops_home, tiny_model, profile):
+def test_answers_are_logged_scrubbed_with_id_version_profile_latency_and_tokens(traced_home, tiny_model, profile):
     import httpx
 
     from mlops.requestlog import read_requests
@@ -71,6 +71,7 @@ def test_a_full_queue_drops_rows_counted_without_waiting_for_the_database(monkey
     def slow_write(rows, url=None):
         stuck.wait(30)
         written.extend(r.request_id for r in rows)
+        return []  # none was traced before
 
     monkeypatch.setattr(requestlog, "write_requests", slow_write)
     writer = RequestLogWriter(queue_size=5, batch_rows=2, flush_seconds=0.01, retention_days=None).start()
@@ -85,7 +86,36 @@ def test_a_full_queue_drops_rows_counted_without_waiting_for_the_database(monkey
     assert sorted(written) == sorted(f"r{i}" for i, ok in enumerate(accepted) if ok)
 
 
-def test_a_reused_request_id_costs_only_its_own_row(mlops_home):
+def test_a_slow_or_failing_trace_store_drops_counted_and_every_user_still_gets_a_200(traced_home, tiny_model, profile,
+                                                                                    monkeypatch):
+    import httpx
+
+    import mlops.requestlog as requestlog
+    from serving.request_log import RequestLogWriter
+    from serving.testing import serve_in_thread
+
+    stuck = threading.Event()
+
+    def stuck_then_failing(rows, url=None):
+        stuck.wait(30)
+        raise ConnectionError("the tracking store is down")
+
+    monkeypatch.setattr(requestlog, "write_requests", stuck_then_failing)
+    app, writer = _served(tiny_model, profile, request_log=RequestLogWriter(queue_size=2, batch_rows=1,
+                                                                            flush_seconds=0.01, retention_days=None))
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=60) as client:
+        answers = [client.post("/v1/completions", json={"prompt": f"Q{i}", "max_tokens": 1}) for i in range(6)]
+        stuck.set()
+        assert writer.flush(30)
+        metrics = client.get("/metrics").text
+    assert [a.status_code for a in answers] == [200] * 6
+    dropped, failed = writer.counts["dropped_full"], writer.counts["write_error"]
+    assert dropped >= 1 and failed >= 1 and dropped + failed == 6
+    assert f'mlops_serve_request_log_rows_total{{outcome="dropped_full"}} {float(dropped)}' in metrics
+    assert f'mlops_serve_request_log_rows_total{{outcome="write_error"}} {float(failed)}' in metrics
+
+
+def test_a_reused_request_id_costs_only_its_own_row(traced_home):
     from mlops.requestlog import LoggedRequest, read_requests, write_requests
     from serving.request_log import RequestLogWriter
 
@@ -101,7 +131,7 @@ def test_a_reused_request_id_costs_only_its_own_row(mlops_home):
     assert writer.counts["duplicate"] == 1 and writer.counts["written"] == 2
 
 
-def test_retention_prunes_old_rows_when_the_writer_starts(mlops_home):
+def test_retention_prunes_old_rows_when_the_writer_starts(traced_home):
     from mlops.requestlog import LoggedRequest, read_requests, write_requests
     from serving.request_log import RequestLogWriter
 

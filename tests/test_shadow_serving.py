@@ -57,7 +57,7 @@ def _ask(client) -> list:
                                                            for e in events])]
 
 
-def test_shadow_answers_are_logged_beside_the_users_and_the_users_answer_is_unchanged(engines, mlops_home, tiny_model,
+def test_shadow_answers_are_logged_beside_the_users_and_the_users_answer_is_unchanged(engines, traced_home, tiny_model,
                                                                                        profile):
     import httpx
 
@@ -119,7 +119,7 @@ def test_the_shadow_engine_makes_no_progress_while_the_user_engine_has_work(engi
         engine.close()
 
 
-def test_a_starved_shadow_drops_offers_counted_and_unlogged_while_users_are_served(engines, mlops_home, tiny_model,
+def test_a_starved_shadow_drops_offers_counted_and_unlogged_while_users_are_served(engines, traced_home, tiny_model,
                                                                                     profile):
     import httpx
 
@@ -140,7 +140,7 @@ def test_a_starved_shadow_drops_offers_counted_and_unlogged_while_users_are_serv
     assert 'mlops_serve_shadow_requests_total{outcome="dropped_busy",version="2"} 6.0' in metrics
 
 
-def test_a_candidate_slower_than_the_timeout_is_logged_as_its_own_failure(engines, mlops_home, tiny_model, profile):
+def test_a_candidate_slower_than_the_timeout_is_logged_as_its_own_failure(engines, traced_home, tiny_model, profile):
     import concurrent.futures
 
     import httpx
@@ -164,7 +164,7 @@ def test_a_candidate_slower_than_the_timeout_is_logged_as_its_own_failure(engine
     assert (row["parent_id"], row["status"]) == ("slow-1", 504) and "longer than 0.3 s" in row["error"]
 
 
-def test_the_shadowed_share_is_the_sampled_request_ids(engines, mlops_home, tiny_model, profile):
+def test_the_shadowed_share_is_the_sampled_request_ids(engines, traced_home, tiny_model, profile):
     import httpx
 
     from mlops.requestlog import read_requests
@@ -200,7 +200,7 @@ def test_serve_refuses_a_shadow_without_a_share_or_without_a_request_log(mlops_h
     assert "Traceback" not in no_share.stderr + no_log.stderr
 
 
-def test_a_shadow_with_no_candidate_yet_shadows_nothing_until_one_is_swapped_in(engines, mlops_home, tiny_model, profile):
+def test_a_shadow_with_no_candidate_yet_shadows_nothing_until_one_is_swapped_in(engines, traced_home, tiny_model, profile):
     import httpx
 
     from mlops.requestlog import read_requests
