@@ -59,3 +59,28 @@ def production_timeline(moves: list[dict], title: str):
         x=alt.X("time:T", title="UTC"), y=alt.Y("version:N", title="@production", sort="descending"),
         tooltip=["time:T", "version", "action", "who"],
     ).properties(height=alt.Step(28))
+
+
+def quality(days: list[dict], signal: str, title: str):
+    """One served-quality signal per day and version: the day's value as a line, its interval as a band.
+    `days` rows: {"day", "version", "value", "lo", "hi", "n"} (rates 0-1, latency in ms)."""
+    import altair as alt
+    import pandas as pd
+
+    frame = pd.DataFrame([d for d in days if d["value"] is not None])
+    if frame.empty:
+        return None
+    frame["day"] = pd.to_datetime(frame["day"])
+    order = sorted(frame["version"].unique(), key=lambda v: (len(v), v))
+    color = alt.Color("version:N", sort=order, scale=alt.Scale(domain=order, range=PALETTE[:len(order)]),
+                      legend=alt.Legend(orient="top", title=None))
+    rate = not signal.startswith("latency")
+    axis = alt.Axis(format=".0%") if rate else alt.Axis(title="ms")
+    base = alt.Chart(frame, title=alt.TitleParams(title, anchor="start", offset=12)).encode(
+        x=alt.X("day:T", title="UTC day"), color=color,
+        tooltip=["version", alt.Tooltip("day:T"), alt.Tooltip("value:Q", format=".3f" if rate else ".0f"),
+                 alt.Tooltip("lo:Q", format=".3f" if rate else ".0f"),
+                 alt.Tooltip("hi:Q", format=".3f" if rate else ".0f"), "n"])
+    band = base.mark_area(opacity=0.18).encode(y=alt.Y("lo:Q", title=signal, axis=axis), y2="hi:Q")
+    line = base.mark_line(point=True, strokeWidth=2).encode(y="value:Q")
+    return (band + line).properties(height=220)

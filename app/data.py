@@ -285,3 +285,33 @@ def spot_items(store: str, check_id: str) -> list[dict]:
     from registry.spotcheck import blind_items
 
     return blind_items(check_id)
+
+
+# --------------------------------------------------------------------------- served quality (`mlops monitor`)
+
+
+@_cached
+def quality(store: str, model: str, days: int) -> dict:
+    """`mlops monitor`'s report of the model's served traffic (the same reading, policy and alerts); a window
+    without traffic is {"no_traffic": the monitor's message}."""
+    from evaluation.monitor import NoTraffic
+    from evaluation.monitor_cli import monitor_model
+
+    try:
+        return monitor_model(model, days=days)
+    except NoTraffic as err:
+        return {"no_traffic": str(err)}
+
+
+def quality_days(report: dict, signal: str) -> list[dict]:
+    """Chart rows of one signal: per version and day, the value and its interval."""
+    rows = []
+    for version, entry in report["versions"].items():
+        for day, summary in entry["days"].items():
+            cell = summary.get(signal)
+            if not cell:
+                continue
+            value = cell.get("rate", cell.get("value"))
+            rows.append({"day": day, "version": f"v{version}", "value": value, "lo": cell["low"], "hi": cell["high"],
+                         "n": cell.get("n", summary["requests"])})
+    return rows

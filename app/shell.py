@@ -6,7 +6,7 @@ import os
 
 NAV = {
     "Review": [("models", "Models", ":material/inventory_2:"), ("version", "Version", ":material/account_tree:"),
-               ("compare", "Compare", ":material/compare_arrows:")],
+               ("compare", "Compare", ":material/compare_arrows:"), ("monitor", "Quality", ":material/monitoring:")],
     "Decide": [("approvals", "Approvals", ":material/how_to_reg:"),
                ("spotcheck", "Spot-check", ":material/rate_review:"),
                ("release", "Promote / Rollback", ":material/rocket_launch:")],

@@ -15,6 +15,7 @@ WEB = Path(__file__).resolve().parent / "web"
 PAGES = {  # page name -> script, relative to the entry script (what st.Page and st.page_link take)
     "models": "views/models.py", "version": "views/version.py", "compare": "views/compare.py",
     "approvals": "views/approvals.py", "release": "views/release.py", "ledger": "views/ledger.py",
+    "monitor": "views/monitor.py",
     "spotcheck": "views/spotcheck.py",
 }
 FLASH_KEY = "mlops_flash"
