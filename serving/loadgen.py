@@ -29,15 +29,18 @@ async def stream_once(client, body: dict, disconnect_after: int | None = None) -
     started = time.perf_counter()
     out = {"status": None, "ttft": None, "tokens": 0, "done": False, "latency": None}
     chunks = 0
-    async with client.stream("POST", CHAT, json=body) as response:
+    from httpx_sse import aconnect_sse
+
+    async with aconnect_sse(client, "POST", CHAT, json=body) as source:
+        response = source.response
         out["status"] = response.status_code
         if response.status_code != 200:
             await response.aread()
             return out
-        async for line in response.aiter_lines():
-            if not line.startswith("data: "):
+        async for event in source.aiter_sse():  # httpx-sse parses the events (fields, multi-line data, comments)
+            data = event.data
+            if not data:
                 continue
-            data = line[len("data: "):]
             if data == "[DONE]":
                 out["done"] = True
                 break

@@ -51,13 +51,18 @@ async def _one(client, kind: str, i: int, answered: list, max_tokens: int) -> tu
             answered.append(r.headers["x-request-id"])
         return kind, r.status_code, time.perf_counter() - started, r.status_code == 200
     if kind in ("stream", "disconnect"):
-        async with client.stream("POST", CHAT, json=_body(i, True, max_tokens)) as r:
-            done = False
-            async for line in r.aiter_lines():
-                if kind == "disconnect" and line.startswith("data: {"):
-                    return kind, r.status_code, time.perf_counter() - started, r.status_code == 200
-                done = done or line.strip() == "data: [DONE]"
-            return kind, r.status_code, time.perf_counter() - started, r.status_code == 200 and done
+        from httpx_sse import aconnect_sse
+
+        async with aconnect_sse(client, "POST", CHAT, json=_body(i, True, max_tokens)) as source:
+            r, done = source.response, False
+            if r.status_code != 200:
+                await r.aread()
+                return kind, r.status_code, time.perf_counter() - started, False
+            async for event in source.aiter_sse():
+                if kind == "disconnect" and event.data.startswith("{"):
+                    return kind, r.status_code, time.perf_counter() - started, True
+                done = done or event.data.strip() == "[DONE]"
+            return kind, r.status_code, time.perf_counter() - started, done
     if kind == "poison":
         r = await client.post(CHAT, content=POISON[i % len(POISON)].encode(),
                               headers={"content-type": "application/json"})
