@@ -19,7 +19,7 @@ from pathlib import Path
 
 import typer
 
-from evaluation.monitor import DAY, QUANTILES, RATES, answers_of, champion_periods, report
+from evaluation.monitor import DAY, QUANTILES, RATES, answers_of, champion_periods, previous_champion, report
 
 EXIT_ALERT = 1
 
@@ -44,7 +44,8 @@ def read_answers(model: str, *, days: int, policy, periods, now: float, url: str
 
     rows = {r["request_id"]: r for r in read_requests(model=model, since=now - days * DAY, url=url)}
     versions = {str(r["version"]) for r in rows.values()}
-    versions |= {p[0] for p in periods if p[2] is None or p[2] >= now - (days + policy.baseline_days) * DAY}
+    champions = (previous_champion(v, periods) for v in list(versions))  # however long ago they were displaced
+    versions |= {c[0] for c in champions if c}
     for version in sorted(versions):
         for row in read_requests(model=model, version=version, url=url):
             rows.setdefault(row["request_id"], row)

@@ -262,3 +262,18 @@ def test_the_alert_rules_query_the_gauges_the_monitor_writes(tmp_path):
     rules = yaml.safe_load((REPO / "deploy" / "prometheus" / "alerts.yml").read_text())["groups"][0]["rules"]
     queried = {name for rule in rules for name in re.findall(r"mlops_monitor_\w+", rule["expr"])}
     assert queried and queried <= written
+
+
+def test_the_previous_champion_is_read_however_long_ago_it_was_displaced(served):
+    """v1 was champion 60-40 days ago; v2 since: v2's recent days are judged against v1's last week as champion."""
+    from evaluation.monitor import champion_periods
+    from evaluation.monitor_cli import read_answers
+    from registry.config import MonitorPolicy
+
+    now = time.time()
+    old_rows, _ = traffic(random.Random(31), version="1", start=now - 60 * DAY, days=20, per_day=5, prefix="old")
+    new_rows, _ = traffic(random.Random(32), version="2", start=now - 40 * DAY, days=40, per_day=5, prefix="new")
+    served["rows"] = old_rows + new_rows
+    periods = champion_periods([_promotion(1, "1", None, now - 60 * DAY), _promotion(2, "2", "1", now - 40 * DAY)])
+    answers = read_answers("support-bot", days=7, policy=MonitorPolicy(), periods=periods, now=now)
+    assert {a.version for a in answers} == {"1", "2"}
