@@ -9,6 +9,7 @@ NAV = {
                ("compare", "Compare", ":material/compare_arrows:"), ("monitor", "Quality", ":material/monitoring:")],
     "Decide": [("approvals", "Approvals", ":material/how_to_reg:"),
                ("spotcheck", "Spot-check", ":material/rate_review:"),
+               ("datareview", "Data review", ":material/fact_check:"),
                ("release", "Promote / Rollback", ":material/rocket_launch:")],
     "Audit": [("ledger", "Ledger", ":material/receipt_long:")],
 }

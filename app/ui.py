@@ -16,7 +16,7 @@ PAGES = {  # page name -> script, relative to the entry script (what st.Page and
     "models": "views/models.py", "version": "views/version.py", "compare": "views/compare.py",
     "approvals": "views/approvals.py", "release": "views/release.py", "ledger": "views/ledger.py",
     "monitor": "views/monitor.py",
-    "spotcheck": "views/spotcheck.py",
+    "spotcheck": "views/spotcheck.py", "datareview": "views/datareview.py",
 }
 FLASH_KEY = "mlops_flash"
 OK, BAD = ":green[:material/check_circle:]", ":red[:material/cancel:]"  # icons from Streamlit's own font

@@ -1,6 +1,7 @@
 """Layer 5 (readers): the release report: one model's story read back from stored state, never from what a script printed.
 
-Per version: lineage (training run, snapshot, data run, content id), the eval scores its gate stood on
+Per version: lineage (training run, snapshot, data run, content id), the human review of its snapshot (`mlops data
+review`, read from this project's snapshot store), the eval scores its gate stood on
 (business suite as a whole and general tasks, each with its one-sided interval), the stored gate report's
 outcome with its main deltas, and which gates block it now. Then the ledger in order, the serving switches
 (when the version answering users changed, from the request log), spot-checks and shadow evidence. `mlops
@@ -29,7 +30,7 @@ def release_report(model: str, *, url: str | None = None) -> dict:
             "trainer": vs.trainer, "registered_by": vs.registered_by, "content_id": vs.content_id,
             "run_id": vs.evidence.get("run_id"), "snapshot_id": vs.evidence.get("snapshot_id"),
             "data_run_id": (vs.evidence.get("lineage") or {}).get(str(Tag.DATA_RUN)),
-            "gate": gate_outcome(vs.content_id),
+            "gate": gate_outcome(vs.content_id), "data_review": data_review(vs.evidence.get("snapshot_id")),
             "blocking": [{"gate": g.gate, "detail": g.detail} for g in gates if not g.ok],
         })
     entries = [{k: e.as_dict()[k] for k in ("seq", "ts", "actor", "action", "version", "from_stage", "to_stage",
@@ -40,6 +41,13 @@ def release_report(model: str, *, url: str | None = None) -> dict:
             "pending": [{"version": r.version, "to": r.to_stage, "requester": r.requester, "comment": r.comment}
                         for r in state.requests if r.status == "pending"],
             "serving": serving_switches(model, url=url), "ledger_verified": verify(model, url).ok}
+
+
+def data_review(snapshot_id: str | None) -> dict:
+    """The human review of the version's snapshot (`mlops data review`), as this project's snapshot store holds it."""
+    from mlops.data.review import snapshot_review
+
+    return snapshot_review(snapshot_id)
 
 
 def gate_outcome(content_id: str | None) -> dict | None:
@@ -106,6 +114,10 @@ def render(report: dict) -> str:
         lines.append(f"  v{v['version']} {v['stage']}{' @' + ',@'.join(v['aliases']) if v['aliases'] else ''}: "
                      f"run {v['run_id']}, snapshot {v['snapshot_id']}, data run {v['data_run_id'] or '?'}, "
                      f"trained by {v['trainer'] or '?'}")
+        if v.get("data_review"):
+            from mlops.data.review import describe_review
+
+            lines.append(f"      data review: {describe_review(v['data_review'])}")
         gate = v["gate"]
         if gate:
             against = f"against {gate['champion']}" if gate["champion"] else "on floors (no champion)"

@@ -200,8 +200,7 @@ def review_status(snapshot_dir: Path) -> dict | None:
 
 def require_review(snapshot_dir: Path, manifest: dict) -> None:
     """Refuse a snapshot that requires a completed review and has none (training calls this)."""
-    asked = ((manifest.get("config") or {}).get("accept") or {}).get("require_review")
-    if not asked and not (review_dir(snapshot_dir) / "required.json").exists():
+    if not _required(snapshot_dir, manifest):
         return
     status = review_status(snapshot_dir)
     if status and status.get("complete"):
@@ -215,12 +214,47 @@ def require_review(snapshot_dir: Path, manifest: dict) -> None:
         f"`mlops data review {sid} --verdicts <file>`; or train on a snapshot built without require_review.")
 
 
+def _required(snapshot_dir: Path, manifest: dict) -> bool:
+    asked = ((manifest.get("config") or {}).get("accept") or {}).get("require_review")
+    return bool(asked) or (review_dir(snapshot_dir) / "required.json").exists()
+
+
+def snapshot_review(snapshot_id: str | None, root: Path | None = None) -> dict:
+    """The review of a snapshot named by id, for readers that know only the id (the app's pages, the release
+    report): `found` is False when this project's snapshot store does not hold it (built elsewhere, deleted)."""
+    from mlops.data.snapshot import resolve_snapshot
+
+    empty = {"snapshot_id": snapshot_id, "found": False, "required": False, "status": None}
+    if not snapshot_id:
+        return empty
+    try:
+        folder = resolve_snapshot(snapshot_id, root)
+    except MLOpsError:
+        return empty
+    manifest = read_manifest(folder) or {}
+    return {"snapshot_id": folder.name, "found": True, "required": _required(folder, manifest),
+            "status": review_status(folder)}
+
+
+def describe_review(review: dict) -> str:
+    """`snapshot_review`'s answer in one line: counts, the bad reasons, who and when."""
+    status = review["status"]
+    need = " (required before training)" if review["required"] else ""
+    if not review["found"]:
+        return f"unknown: snapshot {review['snapshot_id'] or '(none recorded)'} is not in this project's snapshot store"
+    if not status:
+        return f"none{need}"
+    state = "complete" if status["complete"] else f"INCOMPLETE, {status['missing']} without a verdict"
+    reasons = ", ".join(f"{k} {v}" for k, v in status["bad_reasons"].items())
+    return (f"{status['judged']}/{status['drawn']} judged ({state}){need}: {status['ok']} ok, {status['bad']} bad "
+            f"({status['bad_share']:.1%}){f'; bad: {reasons}' if reasons else ''}; by "
+            f"{status.get('reviewer') or 'unnamed'} at {status['reviewed_at']}")
+
+
 def review_line(snapshot_dir: Path, manifest: dict) -> str:
     """One line for `mlops data show`."""
     status = review_status(snapshot_dir)
-    asked = ((manifest.get("config") or {}).get("accept") or {}).get("require_review") or \
-        (review_dir(snapshot_dir) / "required.json").exists()
-    need = " (required before training)" if asked else ""
+    need = " (required before training)" if _required(snapshot_dir, manifest) else ""
     if not status:
         return f"review     none{need}"
     state = "complete" if status["complete"] else f"incomplete, {status['missing']} missing"

@@ -5,7 +5,7 @@ import pandas as pd
 import streamlit as st
 import yaml
 
-from app import actions, data, lineage, ui
+from app import actions, data, datareview, lineage, ui
 from mlops.lineage import Tag
 from registry.gates import GATES
 from registry.permissions import may_override
@@ -85,10 +85,32 @@ with tab_data, ui.guard("Data snapshot"):
         st.markdown("**Great Expectations, per batch**")
         st.dataframe(pd.DataFrame(s["batches"]), hide_index=True, width="stretch")
         from mlops.data.acceptance import describe as acceptance_lines
+        from mlops.data.review import describe_review, snapshot_review
 
-        verdict = (manifest.get("acceptance") or {}).get("verdict", {}).get("status", "not measured")
-        with st.expander(f"Acceptance report: {ui.md(verdict)}"):
-            st.code("\n".join(acceptance_lines(manifest.get("acceptance"))), language=None)
+        review = snapshot_review(s["snapshot_id"] or tags.get(Tag.SNAPSHOT_ID))
+        # The data run's copy of the manifest, else the snapshot's own (a run logged before reports existed).
+        accept = manifest.get("acceptance") or (datareview.local_acceptance(review["snapshot_id"])
+                                                if review["found"] else None)
+        if accept:
+            v, seq, frag = accept["verdict"], accept["sequence"], accept["fragmentation"]
+            st.markdown(f"**Acceptance {ui.md(v['status'])}**: rejected {v['rejected_share']:.1%} of "
+                        f"{ui.md(accept['rejected']['rows_read'])} rows read (limit {v['max_rejected_share']:.1%}) · "
+                        f"suggested {ui.md('max_seq_len')} {ui.md(seq['suggested_max_seq_len'])} (p99 "
+                        f"{ui.md(seq['p99'])} tokens; {ui.md(seq['chosen_max_seq_len'])} truncates "
+                        f"{seq['truncated_share_at_chosen']:.1%}) · {ui.md(frag['tokens_per_word'])} tokens/word "
+                        f"(x{ui.md(frag['ratio_to_baseline'])} general text)")
+        else:
+            st.markdown("**Acceptance** not measured (built before acceptance reports)")
+        with st.expander("Acceptance report"):
+            st.code("\n".join(acceptance_lines(accept)), language=None)
+        st.markdown(f"**Human review:** {ui.md(describe_review(review))}")
+        status = review["status"]
+        if status and status["bad_reasons"]:
+            st.dataframe(pd.DataFrame(list(status["bad_reasons"].items()), columns=["bad reason", "samples"]),
+                         hide_index=True)
+        if review["found"]:
+            st.page_link(ui.PAGES["datareview"], label="Review this snapshot's sample",
+                         query_params={"snapshot": review["snapshot_id"]})
         if s["counters"]:
             with st.expander("Every manifest counter"):
                 st.dataframe(pd.DataFrame(list(s["counters"].items()), columns=["counter", "value"]),
