@@ -239,3 +239,30 @@ def test_loop_check_builds_the_next_snapshot_mixed_with_and_deduplicated_against
     again = run_check("support-bot", folder, config=load_config(config, []), train_config="configs/train/tiny.yaml",
                       experiment="loop", launch=lambda i, s: {"launched": False, "why": "test"})
     assert again["snapshot"]["snapshot_id"] == snapshot["snapshot_id"]
+
+
+@pytest.mark.slow
+def test_loop_check_on_a_real_ledger_reads_production_and_waits_under_the_recorded_policy(app_store, tmp_path):
+    """The real readers: the seeded store's verified ledger (bot v-production, its snapshot, its age), its recorded
+    policy (defaults: a round opens at 200 accepted records), the monitor on a request log without traffic."""
+    from typer.testing import CliRunner
+
+    from mlops.cli import _register_stages, app
+    from mlops.data.sample import Gen
+    from mlops.run_store import find_runs
+
+    gen = Gen(1)
+    folder = _increment(tmp_path / "next", [gen.support() for _ in range(3)], accepted=3)
+    config = tmp_path / "data.yaml"
+    config.write_text(yaml.safe_dump({"base_model": "tiny", "data": {"sources": [{"path": "x.jsonl"}]}}))
+    _register_stages()
+    done = CliRunner().invoke(app, ["loop", "check", "bot", "--increment", str(folder), "--config", str(config),
+                                    "--json"])
+    assert done.exit_code == 0, done.output
+    result = json.loads(done.output)
+    assert result["decision"] == "wait" and result["inputs"]["accepted"] == 3
+    assert result["inputs"]["production"] and result["inputs"]["history_snapshot"]
+    assert 0 <= result["inputs"]["age_days"] < 30
+    assert any(n.startswith("monitor: no served traffic of 'bot'") for n in result["inputs"]["notes"])
+    run = find_runs({"mlops.stage": "loop"}, max_results=1)[0]
+    assert run.info.run_id == result["run_id"] and run.data.params["decision"] == "wait"
