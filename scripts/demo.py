@@ -2,7 +2,7 @@
 
 Two rounds of data -> snapshot -> training -> deployment-form eval -> gates -> approval -> production, a served
 model that follows the registry, a deliberately broken candidate the registry refuses, a rollback, and the loop
-back (served requests with feedback become a round-3 increment). It drives the real CLI; stages hand off through
+back (served requests with feedback become a round-3 increment, and `mlops loop check` builds its snapshot). It drives the real CLI; stages hand off through
 MLflow run tags, `--json` output and registry aliases, never through printed text. Every act is keyed on what the
 stored state already holds, so a rerun reuses it and ends with the same report.
 
@@ -244,12 +244,15 @@ def main() -> None:
                f"demo: customers report v{v2} answers regressed", env=APPROVER)
         server.wait_for_version(v1, max_tokens=p["max_tokens"])
 
-    step("11. the loop back: served requests with thumbs-down and corrections -> a reviewed round-3 increment")
+    step("11. the loop back: served requests with thumbs-down and corrections -> a reviewed round-3 increment; "
+         "`mlops loop check` opens round 3 by the recorded policy and builds its snapshot (it never promotes)")
     sh("mlops", "data", "harvest", "--since", started.read_text().strip(), "--out", "data/harvest/round3",
        "--model", MODEL)
     accept_corrections(Path("data/harvest/round3/increment.jsonl"))
-    sh("mlops", "data", "harvest", "accept", "data/harvest/round3", "--build", "--config",
-       "configs/data/sample.yaml", "--history", round1)
+    sh("mlops", "data", "harvest", "accept", "data/harvest/round3")
+    # The history is production's own snapshot (v1 after the rollback: round 1), read from the ledger.
+    sh("mlops", "loop", "check", MODEL, "--increment", "data/harvest/round3", "--config", "configs/data/sample.yaml",
+       "--experiment", "demo")
 
     step("12. the release report, read back from the stored state")
     sh("mlops", "registry", "report", MODEL)

@@ -40,7 +40,7 @@ def loop(tmp_path_factory):
     # "acceptable".
     policy = home / "configs" / "registry" / "release.yaml"
     policy.write_text("registry:\n  spot_check: {required: true, min_share_same_or_better: 0.0}\n"
-                      "  shadow: {required: true, min_requests: 4}\n")
+                      "  shadow: {required: true, min_requests: 4}\n  loop: {min_increment: 2}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "MASTER_", "RANK", "WORLD_SIZE",
                                                                     "LOCAL_RANK", "MLOPS_"))}
     env.update(MLOPS_HOME=str(home), MLOPS_LEDGER_KEY_DIR=str(home / "ledger-keys"),
@@ -133,6 +133,17 @@ def test_shadow_evidence_and_the_harvested_round3_increment(loop, stored):
     accepted = (home / "data/harvest/round3/accepted.jsonl").read_text().splitlines()
     provenance = json.loads((home / "data/harvest/round3/accepted.jsonl.provenance.json").read_text())
     assert accepted and len(provenance["requests"]) == len(accepted)
+    # `mlops loop check` opened round 3 (the increment reached registry.loop.min_increment) and built its snapshot,
+    # mixed with production's own (v1: round 1)
+    from mlops.run_store import find_runs
+
+    decision = find_runs({"mlops.stage": "loop", "mlops.loop.decision": "open"}, max_results=1)[0]
+    round3 = decision.data.tags["mlops.data_snapshot_id"]
+    from mlops.data.snapshot import list_snapshots
+
+    manifest = next(m for m in list_snapshots() if m["snapshot_id"] == round3)
+    assert manifest["mixing"]["history"]["snapshot"] == stored["versions"][0]["snapshot_id"]
+    assert manifest["sources"][0]["provenance"]["requests"] == provenance["requests"]
 
 
 def test_a_rerun_reuses_everything_and_tells_the_same_story(loop, stored):
