@@ -72,7 +72,7 @@ def test_each_memory_lever_lowers_what_it_should():
     fp32 = memory_plan(counts, zero_stage=0, **shape)
     # The fp32 ZeRO-0 figures the in-run plan logged before precision existed.
     assert fp32["weights"] == fp32["gradients"] == 4e6 and fp32["optimizer"] == 8e6
-    assert fp32["activations"] == 2 * 512 * 256 * 4 * (34 + 5 * 4 * 512 / 256) * 2 + 3 * 2 * 512 * 1000 * 4
+    assert fp32["activations"] == 2 * 512 * 256 * 4 * (34 + 5 * 4 * 512 / 256) * 2 + 4 * 2 * 512 * 1000 * 4
     bf16 = memory_plan(counts, zero_stage=0, precision="bf16", **shape)
     assert bf16["weights"] == 2e6 and bf16["optimizer"] == 12e6
     zero3 = memory_plan(counts, zero_stage=3, precision="bf16", layer_params=10_000, **shape)
@@ -169,3 +169,36 @@ def test_ranks_with_different_packages_are_named():
     assert compare([mine, dict(mine)]) is None
     problem = compare([mine, mine, {**mine, "deepspeed": "0.18.0"}])
     assert problem == f"deepspeed: {mine['deepspeed']} on ranks 0,1, 0.18.0 on rank 2"
+
+
+def card(gib: int):
+    """A single GPU of `gib` GiB (the guides' one-card advice), A100 speeds."""
+    return hardware.Hardware(f"gpu-{gib}gb", hardware.TABLE["a100-80gb"].peak_flops, gib * hardware.GIB, 0.4)
+
+
+def test_qlora_keeps_the_7b_base_in_about_half_a_byte_per_weight_and_fits_one_24gb_card(llama_7b):
+    from training.planner import NF4_BYTES
+
+    def plan(mode):
+        cfg = seven_b(llama_7b, f"train.mode={mode}", "train.precision=bf16", "train.activation_checkpointing=true")
+        return plan_job(cfg, hw=card(24), tokens=1e6, seq_len=4096, base_path=str(llama_7b))
+
+    lora, qlora = plan("lora"), plan("qlora")
+    assert qlora["params_trainable"] == lora["params_trainable"] < lora["params_total"] / 100
+    # Everything but the weights is the LoRA plan's: the same adapters, their gradients and AdamW state.
+    for part in ("gradients", "optimizer", "activations"):
+        assert qlora[f"memory_{part}_bytes"] == lora[f"memory_{part}_bytes"]
+    # The decoder's ~6.5B Linear weights at NF4 + double quantization; the unquantized embeddings and LM head
+    # (2 x 131M) upcast to fp32: about 4.4 GB in all, against 2 bytes a weight (13.5 GB) for LoRA's bf16 base.
+    decoder = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)
+    assert 0.51 < NF4_BYTES < 0.52
+    assert decoder * NF4_BYTES < qlora["memory_weights_bytes"] < decoder * NF4_BYTES + 2 * 131e6 * 4 + 0.5e9
+    assert qlora["memory_weights_bytes"] < lora["memory_weights_bytes"] / 2.5
+    assert qlora["fits"]
+
+
+def test_a_lora_job_too_big_for_its_card_is_told_that_qlora_would_fit(llama_7b):
+    cfg = seven_b(llama_7b, "train.mode=lora", "train.precision=bf16", "train.activation_checkpointing=true")
+    plan = plan_job(cfg, hw=card(16), tokens=1e6, seq_len=4096, base_path=str(llama_7b))
+    assert not plan["fits"]  # a 13.5 GB bf16 base plus activations on a 16 GiB card
+    assert ["train.mode=qlora"] in [f["overrides"] for f in plan["fixes"]]

@@ -95,12 +95,14 @@ def memory_plan(counts: ParamCounts, *, zero_stage: int, world: int, micro: int,
     optim = counts.trainable * per_weight / (world if zero_stage >= 1 else 1)
     if offload != "none":
         host, optim = host + optim, 0.0
-    # Per layer (Korthikanti et al. 2022, for 2-byte activations; fp32 doubles them), plus the logits, their
-    # float32 softmax and gradient (the loss upcasts them in every precision).
+    # Per layer (Korthikanti et al. 2022, for 2-byte activations; fp32 doubles them), plus the logits in float32
+    # (the loss upcasts them in every precision) four times at the peak, in log_softmax's backward: the logits
+    # (held by the output), the saved log-probabilities, the incoming gradient and the outgoing one. Measured
+    # (benchmarks/bench_train.py, a model whose logits dominate): forward+backward peaks at 4.0x the logits.
     scores = 5 * heads * seq_len / hidden if score_matrices else 0.0
     per_layer = micro * seq_len * hidden * (34 + scores) * w / 2
     kept = layers * micro * seq_len * hidden * w + per_layer if checkpointing else layers * per_layer
-    activations = kept + 3 * micro * seq_len * vocab * 4
+    activations = kept + 4 * micro * seq_len * vocab * 4
     total = weights + grads + optim + activations
     return {"weights": weights, "gradients": grads, "optimizer": optim, "activations": activations, "total": total,
             "host": host}

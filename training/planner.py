@@ -17,6 +17,10 @@ from mlops.errors import ConfigError
 from training.hardware import USABLE, Hardware
 
 MARGIN = 1.2  # the field guides' 20% reserve on wall time: restarts, evaluation, checkpoints, stragglers
+LORA_MODES = ("lora", "qlora")
+# bitsandbytes NF4 with double quantization: 4 bits per weight, an 8-bit absmax per block of 64 weights, and an
+# fp32 constant (plus an fp32 offset) per 256 of those blocks. Without double quantization the absmax is fp32.
+NF4_BYTES = 0.5 + 1 / 64 + 8 / (64 * 256)
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ def meta_model(base_path: str, t):
     config.quantization_config = None  # a GGUF/quantized origin would otherwise ask for its loader
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-        if t.mode == "lora":
+        if t.mode in LORA_MODES:  # QLoRA's base is quantized at load; its shapes and adapters are LoRA's
             from peft import LoraConfig, get_peft_model
 
             lora = LoraConfig(r=t.lora.r, lora_alpha=t.lora.alpha, lora_dropout=t.lora.dropout,
@@ -98,8 +102,8 @@ class Costing:
         from training.metrics import ParamCounts
 
         c = self.counts_lora
-        if shape.mode == self.t.mode:
-            return c
+        if shape.mode == self.t.mode or {shape.mode, self.t.mode} <= set(LORA_MODES):
+            return c  # QLoRA trains the same adapters as LoRA; only the base's storage differs
         # A suggested switch to LoRA: every base weight frozen, adapters on the target modules (r x (in + out)).
         matmul = c.matmul_trainable + c.matmul_frozen
         adapters = self.t.lora.r * 2 * self.hidden * len(self.t.lora.target_modules) * self.layers
@@ -110,11 +114,14 @@ class Costing:
 
         # On CUDA, SDPA takes the flash / memory-efficient kernels (no score matrices); on a CPU the plan keeps
         # them, as the in-run plan always has.
-        return memory_plan(self.counts(shape), zero_stage=shape.zero_stage, world=shape.world, micro=shape.micro,
+        counts = self.counts(shape)
+        plan = memory_plan(counts, zero_stage=shape.zero_stage, world=shape.world, micro=shape.micro,
                            seq_len=self.seq_len, layers=self.layers, hidden=self.hidden, heads=self.heads,
                            vocab=self.vocab, precision=shape.precision, offload=shape.offload,
                            checkpointing=shape.checkpointing, score_matrices=not self.hw.gpu,
                            layer_params=self.layer_params)
+        return qlora_memory(plan, counts, shape, self.vocab * self.hidden, self.layer_params) \
+            if shape.mode == "qlora" else plan
 
     def flops_per_token(self, shape: Shape) -> float:
         from training.metrics import flops_per_token
@@ -140,6 +147,25 @@ class Costing:
         return used <= self.limit(shape)
 
 
+def qlora_memory(plan: dict[str, float], counts, shape: Shape, lm_head: int, layer_params: int) -> dict[str, float]:
+    """QLoRA's weights in place of the LoRA plan's. The frozen Linear weights of the decoder layers are stored
+    in NF4 (`NF4_BYTES` each); bitsandbytes leaves the LM head unquantized, and embeddings and norms are not
+    Linear layers; peft's prepare_model_for_kbit_training upcasts those to fp32 (4 bytes). The adapters keep
+    the precision's bytes (their gradients and AdamW state are the LoRA plan's, unchanged). Each quantized
+    matrix is dequantized to the compute dtype for its matmul, forward and backward: at most one decoder
+    layer's weights in flight. The 4-bit base is never partitioned or offloaded: ZeRO and offload act on the
+    adapters' state only."""
+    from training.metrics import PRECISION_BYTES
+
+    w = PRECISION_BYTES[shape.precision]
+    quantized = max(0, counts.matmul_frozen - lm_head)
+    upcast = counts.frozen - quantized
+    weights = quantized * NF4_BYTES + upcast * 4 + counts.trainable * w + layer_params * w
+    out = {**plan, "weights": weights}
+    out["total"] = weights + plan["gradients"] + plan["optimizer"] + plan["activations"]
+    return out
+
+
 def levers(shape: Shape, t) -> list[Shape]:
     """Single changes, cheapest first: each trades speed, memory or devices a different way."""
     out = []
@@ -156,6 +182,8 @@ def levers(shape: Shape, t) -> list[Shape]:
         out.append(replace(shape, offload="optimizer_and_params", zero_stage=3))
     if shape.mode == "full":
         out.append(replace(shape, mode="lora"))
+    if shape.mode != "qlora":  # a 4-bit base: the last lever before more devices (its base is not partitioned)
+        out.append(replace(shape, mode="qlora", zero_stage=0, offload="none"))
     return out
 
 
