@@ -13,6 +13,26 @@
    goal <= 1.03), the durable commit of a checkpoint (fsync of files and folders, off the step loop), and the
    time from a SIGTERM to a checkpoint on disk and the process on its way out.
 
+5. The memory matrix (issue 28), 2 processes over gloo (torchrun, as `mlops train run --nproc 2` starts them), on
+   the tiny model and SmolLM2-135M (full fine-tune): step time and peak memory per precision (fp32, bf16) x
+   ZeRO stage (0, 2, 3) x activation checkpointing (off, on); the plan's memory estimate (`mlops train plan`,
+   training.planner) against the measured peak per rank (goal 0.8-1.25x for every row); ZeRO-3 per-rank
+   model-state memory against ZeRO-0 (goal <= 0.6x). Section 1 covers bf16 too: the bare loop runs the same
+   model under `torch.autocast(bfloat16)` (torch's own mixed precision), the stack DeepSpeed's bf16.
+
+How memory is measured per rank (section 5): a thread samples the rank's RssAnon (anonymous resident memory,
+/proc/self/status) every 2 ms and keeps the maximum; the figure is that maximum minus RssAnon at the baseline,
+taken after the imports (the modeling code too: the model is built once on the meta device first), the process
+group and the checks before compute, right before the model is built.
+Anonymous memory is what this rank allocated for itself (tensors, optimizer state, activations, allocator
+slack). File-backed pages (the mmapped safetensors, shared libraries) and DeepSpeed's shared-memory
+communication buffers are left out: they are shared between the ranks or are page cache, so adding them to each
+rank would count them twice. torch has no CPU allocator statistics (torch.cpu has no memory_stats), and the
+kernel's VmHWM counts the shared pages too; its delta is printed beside as a cross-check. Model-state memory is
+the bytes of every live tensor storage of the rank (found through the garbage collector, each storage once)
+after the last step's validation: weights or their ZeRO-3 shards, optimizer state and fp32 master copies, and
+any gradient buffers DeepSpeed keeps between steps.
+
 The load average is printed before and after: trust only runs that started quiet.
 """
 
@@ -31,6 +51,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 WARM = 3  # steps left out of every timing: allocator and first-touch costs
+SEQ_LEN = 64  # the benchmark snapshot's sequence length
 
 
 def stack_run(cfg_overrides: list[str], tmp: Path, name: str):
@@ -71,10 +92,14 @@ def bare_run(cfg_overrides: list[str]) -> tuple[float, float]:
     reader = SnapshotReader(resolve_snapshot(t.snapshot))
     batches = RankBatches(reader, seed=cfg.run.seed, micro=t.micro_batch_size, accum=t.grad_accum, world=1, rank=0)
     times, cpu = [], []
+    # bf16: torch's own mixed precision (bf16 matmuls, fp32 weights and AdamW), as DeepSpeed's bf16 computes in
+    # bf16 and keeps fp32 master weights.
+    cast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=t.precision == "bf16")
     for _ in range(t.max_steps):
         started, cpu_started = time.perf_counter(), time.process_time()
         for mb in batches.next_step().micro:
-            out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, labels=mb.labels)
+            with cast:
+                out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, labels=mb.labels)
             (out.loss / t.grad_accum).backward()
         torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
         opt.step()
@@ -87,19 +112,20 @@ def bare_run(cfg_overrides: list[str]) -> tuple[float, float]:
 
 def bench_step_time(base: list[str], steps: int, repeats: int, tmp: Path) -> None:
     print(f"\n== step time: stack vs bare torch AdamW loop ({steps} steps, median of steps > {WARM}) ==")
-    for zero, goal in ((0, 1.05), (2, 1.10)):
+    for precision, zero, goal in (("fp32", 0, 1.05), ("fp32", 2, 1.10), ("bf16", 0, 1.05)):
         run = [*base, f"train.zero_stage={zero}", f"train.max_steps={steps}", "train.checkpoint_every=100000",
-               "train.eval_every=100000", "train.final_model=false", f"run.log_every={steps}"]
+               "train.eval_every=100000", "train.final_model=false", f"run.log_every={steps}",
+               f"train.precision={precision}"]
         stack, bare = [], []
         for i in range(repeats):
             bare.append(bare_run(run))
-            stack.append(stack_run(run, tmp, f"z{zero}-{i}")[0])
+            stack.append(stack_run(run, tmp, f"z{zero}-{precision}-{i}")[0])
         for kind, pos in (("wall", 0), ("cpu", 1)):
             best_stack, best_bare = min(x[pos] for x in stack), min(x[pos] for x in bare)
             ratio = best_stack / best_bare
             verdict = "ok" if ratio <= goal else "over goal"
-            print(f"ZeRO-{zero} {kind:4}: stack {best_stack * 1e3:.1f} ms/step, bare {best_bare * 1e3:.1f} ms/step, "
-                  f"ratio {ratio:.3f} (goal <= {goal}) {verdict}")
+            print(f"{precision} ZeRO-{zero} {kind:4}: stack {best_stack * 1e3:.1f} ms/step, bare "
+                  f"{best_bare * 1e3:.1f} ms/step, ratio {ratio:.3f} (goal <= {goal}) {verdict}")
 
 
 def bench_checkpoint(base: list[str], tmp: Path) -> None:
@@ -191,13 +217,240 @@ def bench_mfu(name: str, overrides: list[str], tmp: Path) -> None:
           f"fp32 matmul peak {peak / 1e9:.1f} GFLOP/s")
 
 
+# ----------------------------------------------------------------------------------------- 5. memory matrix
+
+def status_kib(field: str) -> int:
+    import re
+
+    with open("/proc/self/status") as fh:
+        return int(re.search(rf"^{field}:\s+(\d+)", fh.read(), re.M)[1])
+
+
+class AnonPeak:
+    """RssAnon high-water of this process above the moment it started, sampled by a thread (see the docstring)."""
+
+    def __init__(self, every_s: float = 0.002) -> None:
+        import threading
+
+        self.every_s, self.base, self.peak = every_s, status_kib("RssAnon"), 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")  # resets VmHWM to the current RSS: the cross-check's baseline
+        self.hwm_base = status_kib("VmHWM")
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, status_kib("RssAnon"))
+            self._stop.wait(self.every_s)
+
+    def start(self) -> AnonPeak:
+        self._thread.start()
+        return self
+
+    def read(self) -> dict:
+        self.peak = max(self.peak, status_kib("RssAnon"))
+        return {"peak_bytes": (self.peak - self.base) * 1024.0,
+                "hwm_bytes": (status_kib("VmHWM") - self.hwm_base) * 1024.0}
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def model_state_bytes() -> float:
+    """Bytes of this rank's model state: the module's weights (their ZeRO-3 shards where partitioned) and the
+    torch optimizer's parameters (fp32 master copies where DeepSpeed keeps them) and state (AdamW moments), each
+    storage counted once. Found through the garbage collector, so no DeepSpeed internals are named. Not counted:
+    gradients (freed after each step here) and DeepSpeed's communication buckets (allocated whole, e.g. a
+    5e8-element ZeRO-3 reduce buffer, but only the pages written become resident on a CPU)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    storages: dict[int, int] = {}
+
+    def add(tensor) -> None:
+        if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu" and tensor.numel():
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+
+    for obj in gc.get_objects():
+        if type(obj).__name__ == "DeepSpeedEngine":
+            for p in obj.module.parameters():
+                add(getattr(p, "ds_tensor", None) if hasattr(p, "ds_tensor") else p.data)
+        elif isinstance(obj, torch.optim.Optimizer):
+            for group in obj.param_groups:
+                for p in group["params"]:
+                    add(p.data)
+            for state in obj.state.values():
+                for value in state.values():
+                    add(value)
+    return float(sum(storages.values()))
+
+
+def rank_worker(spec_path: str) -> None:
+    """One rank of a matrix row, started by torchrun: the checks a worker of `mlops train run` does, then the
+    baseline, then `train()`; memory read at the last step's report (before the final checkpoint's save)."""
+    import json
+
+    from mlops.config import load_config
+    from mlops.tracking import MemoryTracker
+    from training.consistency import check_ranks
+    from training.engine import init_world
+    from training.launch import shutdown_world
+    from training.prepare import prepare
+    from training.trainer import train
+
+    spec = json.loads(Path(spec_path).read_text())
+    cfg = load_config(None, [*spec["overrides"], f"train.checkpoint.dir={spec['ckpt']}"])
+    world = init_world(cfg.train.deepspeed.backend)
+    check_ranks(world)
+    prep = prepare(cfg, world.size, verify_inputs=False, lock=False, ckpt_dir=Path(spec["ckpt"]))
+    # The model once on the meta device: it imports the modeling code (~120 MiB of one-off module state a rank
+    # of the tiny model would otherwise show as training memory), as the launcher's plan check does in-process.
+    from training.planner import meta_model
+
+    meta_model(prep.base["path"], cfg.train)
+    import gc
+
+    gc.collect()
+    sampler = AnonPeak().start()
+    measured: dict = {}
+
+    def report(step: int, _metrics: dict) -> None:
+        if step == cfg.train.max_steps:
+            measured.update(sampler.read(), model_state_bytes=model_state_bytes())
+
+    try:
+        train(cfg, MemoryTracker(), prepared=prep, report=report)
+    finally:
+        sampler.stop()
+    Path(spec["out"], f"rank{world.rank}.json").write_text(json.dumps(measured))
+    shutdown_world()
+
+
+ALL_ROWS = [(precision, zero, ckpt) for precision in ("fp32", "bf16") for zero in (0, 2, 3) for ckpt in (False, True)]
+
+
+def matrix_row(overrides: list[str], tmp: Path, name: str, nproc: int) -> dict:
+    """Train one row on `nproc` ranks: per-rank measurements and rank 0's median step time."""
+    import json
+    import subprocess
+
+    from mlops.files import free_port
+    from mlops.tracking import client
+    from training.drill import read_trace
+
+    out, ckpt = tmp / f"mx-{name}", tmp / f"mx-{name}" / "ckpt"
+    out.mkdir(parents=True)
+    client().search_experiments()  # the store's schema exists before two ranks could both create it
+    (out / "spec.json").write_text(json.dumps({"overrides": overrides, "ckpt": str(ckpt), "out": str(out)}))
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc)), "DS_ACCELERATOR": "cpu"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
+           str(free_port()), __file__, "--rank-worker", str(out / "spec.json")]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+    row = {"name": name, "overrides": overrides, "nproc": nproc}
+    if done.returncode or len(ranks) != nproc:
+        (out / "log.txt").write_text(done.stdout + done.stderr)
+        errors = [line for line in done.stderr.splitlines() if "Error" in line and "elastic" not in line]
+        return {**row, "error": f"{errors[-1] if errors else done.returncode} (log {out / 'log.txt'})"}
+    trace = read_trace(ckpt / "trace.jsonl")
+    return {**row, "ranks": ranks, "step_s": statistics.median(trace[s]["step_s"] for s in sorted(trace)[WARM:])}
+
+
+def bench_matrix(model: str, base: list[str], steps: int, tmp: Path, rows=ALL_ROWS, nproc: int = 2) -> dict:
+    """Measure every row (a dict keyed by (precision, zero, checkpointing)), printing each as it ends."""
+    print(f"\n== memory matrix: {model}, {nproc} processes (gloo), {steps} steps; per rank: measured peak (RssAnon "
+          f"above baseline; VmHWM delta) vs plan; live model state ==", flush=True)
+    measured = {}
+    for precision, zero, ckpt in rows:
+        name = f"{model}-{precision}-z{zero}-{'ckpt' if ckpt else 'nockpt'}"
+        run = [*base, f"train.precision={precision}", f"train.zero_stage={zero}",
+               f"train.activation_checkpointing={str(ckpt).lower()}", f"train.max_steps={steps}",
+               "train.checkpoint_every=100000", "train.eval_every=100000", "train.final_model=false",
+               f"run.log_every={steps}", "train.eval_samples=4"]
+        measured[(precision, zero, ckpt)] = matrix_row(run, tmp, name, nproc)
+        print(matrix_line(measured[(precision, zero, ckpt)]), flush=True)
+    return measured
+
+
+def matrix_line(row: dict) -> str:
+    """One row against the plan the current planner makes for its config (so a saved run can be re-planned)."""
+    from mlops.config import load_config
+    from training import hardware
+    from training.planner import plan_job
+
+    mib = 2**20
+    label = row["name"]
+    if "error" in row:
+        return f"{label}: FAILED {row['error']}"
+    plan = plan_job(load_config(None, row["overrides"]), hw=hardware.cpu(measure=False), gpus=row["nproc"],
+                    tokens=1.0, seq_len=SEQ_LEN)
+    planned = plan["memory_total_bytes"] + plan["memory_host_bytes"]
+    planned_state = plan["memory_weights_bytes"] + plan["memory_optimizer_bytes"]  # what model_state_bytes counts
+    peak = max(r["peak_bytes"] for r in row["ranks"])
+    ratio = planned / peak
+    return (f"{label}: {row['step_s'] * 1e3:8.1f} ms/step; peak/rank {peak / mib:7.1f} MiB (VmHWM "
+            f"{max(r['hwm_bytes'] for r in row['ranks']) / mib:.1f}), plan {planned / mib:7.1f} MiB: plan/measured "
+            f"{ratio:.2f} (goal 0.8-1.25) {'ok' if 0.8 <= ratio <= 1.25 else 'MISSED'}; model state/rank "
+            f"{max(r['model_state_bytes'] for r in row['ranks']) / mib:.1f} MiB (plan {planned_state / mib:.1f})")
+
+
+def matrix_summary(model: str, measured: dict) -> None:
+    def state(key):
+        row = measured.get(key, {})
+        return max(r["model_state_bytes"] for r in row["ranks"]) if "ranks" in row else None
+
+    for precision in ("fp32", "bf16"):
+        z0, z3 = state((precision, 0, False)), state((precision, 3, False))
+        if z0 and z3:
+            print(f"{model} {precision}: ZeRO-3 model state per rank / ZeRO-0 = {z3 / z0:.2f} (goal <= 0.6) "
+                  f"{'ok' if z3 / z0 <= 0.6 else 'MISSED'}")
+    b0, f0 = measured.get(("bf16", 0, False), {}), measured.get(("fp32", 0, False), {})
+    if "step_s" in b0 and "step_s" in f0:
+        print(f"{model}: bf16 / fp32 step time at ZeRO-0 = {b0['step_s'] / f0['step_s']:.2f} (this CPU)")
+
+
+def save_matrix(path: Path, model: str, measured: dict) -> None:
+    import json
+
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[model] = [{"key": list(k), **v} for k, v in measured.items()]
+    path.write_text(json.dumps(data, indent=1))
+
+
+def replan(path: Path) -> None:
+    """Print a saved matrix again against the current planner: measurements as they were, plans as they are."""
+    import json
+
+    for model, rows in json.loads(path.read_text()).items():
+        print(f"\n== memory matrix (saved): {model} ==")
+        measured = {tuple(r.pop("key")): r for r in rows}
+        for row in measured.values():
+            print(matrix_line(row))
+        matrix_summary(model, measured)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--skip-smollm2", action="store_true", help="skip the SmolLM2 LoRA MFU line")
-    parser.add_argument("--parts", default="step,checkpoint,resilience,mfu", help="which measurements to run")
+    parser.add_argument("--parts", default="step,checkpoint,resilience,mfu,matrix", help="which measurements to run")
+    parser.add_argument("--matrix-steps", type=int, default=8, help="steps per row of the memory matrix")
+    parser.add_argument("--matrix-json", type=Path, help="write the matrix's measurements here (JSON)")
+    parser.add_argument("--replan", type=Path, help="print a saved --matrix-json against the current planner; no run")
+    parser.add_argument("--smollm2-bf16", default="basic", choices=["basic", "all"],
+                        help="SmolLM2 bf16 rows: ZeRO-0 and ZeRO-3 without checkpointing (basic), or all six")
+    parser.add_argument("--rank-worker", help=argparse.SUPPRESS)  # one rank of a matrix row (torchrun starts it)
     args = parser.parse_args()
+    if args.rank_worker:
+        return rank_worker(args.rank_worker)
+    if args.replan:
+        return replan(args.replan)
     tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
     os.environ.setdefault("MLOPS_HOME", str(tmp / "home"))
     from mlops.base_models import import_base_model
@@ -205,7 +458,7 @@ def main() -> None:
 
     cache = REPO / ".mlops" / "test-cache" / "models"
     tiny = import_base_model("tiny", root=cache)
-    snap = make_snapshot(train=512, validation=16, seq_len=64)
+    snap = make_snapshot(train=512, validation=16, seq_len=SEQ_LEN)
     base = [f"base_model={tiny['path']}", f"train.snapshot={snap}", "train.mode=full", "train.micro_batch_size=4",
             "train.grad_accum=2", "train.warmup_steps=2", "train.lr=1e-3", "train.progress=false"]
     print(f"torch threads {__import__('torch').get_num_threads()}, tiny model {tiny['id']}, snapshot {snap}")
@@ -226,16 +479,37 @@ def run_parts(parts: set[str], args, base: list[str], snap: str, cache: Path, tm
         bench_checkpoint(base, tmp)
     if "resilience" in parts:
         bench_resilience(base, args.steps, args.repeats, tmp)
-    if "mfu" not in parts:
-        return
-    print("\n== MFU (CPU, fp32) ==")
-    bench_mfu("tiny (full)", [*base, "train.max_steps=12", "run.log_every=4", "train.final_model=false"], tmp)
-    if not args.skip_smollm2:
-        smol = import_base_model("smollm2", root=cache)
-        bench_mfu("SmolLM2-135M LoRA", [f"base_model={smol['path']}", f"train.snapshot={snap}", "train.mode=lora",
-                                        "train.micro_batch_size=2", "train.grad_accum=1", "train.max_steps=8",
-                                        "run.log_every=2", "train.final_model=false", "train.progress=false",
-                                        "train.eval_samples=4"], tmp)
+    smol = None if args.skip_smollm2 else import_base_model("smollm2", root=cache)
+    if "mfu" in parts:
+        print("\n== MFU (CPU, fp32) ==")
+        bench_mfu("tiny (full)", [*base, "train.max_steps=12", "run.log_every=4", "train.final_model=false"], tmp)
+        if smol:
+            bench_mfu("SmolLM2-135M LoRA", [f"base_model={smol['path']}", f"train.snapshot={snap}", "train.mode=lora",
+                                            "train.micro_batch_size=2", "train.grad_accum=1", "train.max_steps=8",
+                                            "run.log_every=2", "train.final_model=false", "train.progress=false",
+                                            "train.eval_samples=4"], tmp)
+    if "matrix" in parts:
+        # Global batch 8 at 2 ranks: micro 4 x accum 1 per rank (the tiny model), micro 2 x accum 2 (SmolLM2).
+        saved = args.matrix_json or tmp / "matrix.json"
+        for model, overrides, rows in matrix_models(args, base, snap, smol):
+            measured = bench_matrix(model, overrides, args.matrix_steps, tmp, rows)
+            save_matrix(saved, model, measured)
+            matrix_summary(model, measured)
+        print(f"matrix measurements saved to {saved} (re-plan them with --replan)")
+
+
+def matrix_models(args, base: list[str], snap: str, smol: dict | None) -> list:
+    """The tiny model (micro 4 per rank, its logits dominate memory) and SmolLM2-135M full fine-tune (micro 1 per
+    rank: its model state dominates). bf16 steps run ~10x slower than fp32 on this CPU (no AMX), so SmolLM2's
+    bf16 rows are the two the ZeRO-3 ratio needs unless --smollm2-bf16 all."""
+    out = [("tiny", [*base, "train.grad_accum=1"], ALL_ROWS)]
+    if smol:
+        rows = ALL_ROWS if args.smollm2_bf16 == "all" else [r for r in ALL_ROWS if r[0] == "fp32"] + [
+            ("bf16", 0, False), ("bf16", 3, False)]
+        out.append(("SmolLM2-135M", [f"base_model={smol['path']}", f"train.snapshot={snap}", "train.mode=full",
+                                     "train.micro_batch_size=1", "train.grad_accum=1", "train.lr=2e-5",
+                                     "train.warmup_steps=2", "train.progress=false"], rows))
+    return out
 
 
 if __name__ == "__main__":
