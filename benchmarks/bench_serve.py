@@ -5,12 +5,16 @@
    integers, unsupported fields, degenerate temperatures): goal 0 innocent failures and no 500.
 3. 64 streams of which a third disconnect after a few chunks, against the same surviving streams alone:
    goal: the survivors' throughput does not drop (ratio >= ~0.9) and the server's RSS comes back within 10%.
+4. `--tracing`: the gateway with every answer written as an MLflow trace (the request log) against the same
+   gateway with it off, side by side (off, on, on, off: drift cancels), at concurrency 1 and 16.
+   Goal: tracing costs <= 5% throughput and <= 5 ms p50 TTFT at both.
 
 Traffic goes only to a server this script starts on 127.0.0.1. The load average is printed before and after:
 on a shared 2-core machine only runs that start quiet are comparable.
 
     python benchmarks/bench_serve.py                     # tiny model and SmolLM2 (`make bench`)
     python benchmarks/bench_serve.py --models tiny --requests 64 --max-tokens 32
+    python benchmarks/bench_serve.py --models tiny --tracing      # tracing on vs off only
 """
 
 from __future__ import annotations
@@ -140,6 +144,63 @@ def _print(name: str, report: dict) -> None:
           f"{_verdict(d['rss_ratio'] <= 1.10)})")
 
 
+TRACING_LEVELS = (1, 16)
+
+
+async def _traced_levels(server, args) -> dict:
+    import httpx
+
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(base_url=server.url, headers=server.headers, timeout=600, limits=limits) as client:
+        await _stream(client, _body(0, args.max_tokens))  # warm up
+        levels = {c: await _level(client, c, max(args.requests, 4 * c), args.max_tokens) for c in TRACING_LEVELS}
+        metrics = (await client.get("/metrics")).text
+    rows = {line.split('outcome="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+            if line.startswith("mlops_serve_request_log_rows_total{")}
+    return {"levels": levels, "trace_rows": rows}
+
+
+def _tracing_overhead(path: Path, args) -> dict:
+    """Tracing off and on, in the order off, on, on, off; each side's figures are the mean of its two runs."""
+    from mlops.profile import load_profile
+    from serving.process import ServerProcess
+
+    work = Path(tempfile.mkdtemp(prefix="bench-tracing-"))
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{work / 'mlflow.db'}"  # the traces' store, this run's own
+    profile_file = load_profile(path).save_as(work / "profile.yaml")
+    runs: dict[str, list] = {"off": [], "on": []}
+    for i, side in enumerate(("off", "on", "on", "off")):
+        with ServerProcess(Path(path), profile_file, "bench", work / f"server-{i}-{side}.log") as server:
+            if side == "on":  # ServerProcess turns the request log off (eval traffic); here it is the subject
+                server.command = [c for c in server.command if c != "serve.request_log.enabled=false"]
+            server.start(600)
+            runs[side].append(asyncio.run(_traced_levels(server, args)))
+    report = {}
+    for c in TRACING_LEVELS:
+        off = [r["levels"][c] for r in runs["off"]]
+        on = [r["levels"][c] for r in runs["on"]]
+        mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
+        report[c] = {"off_tokens_per_s": mean(off, "tokens_per_s"), "on_tokens_per_s": mean(on, "tokens_per_s"),
+                     "off_ttft_p50_ms": mean(off, "ttft_p50_ms"), "on_ttft_p50_ms": mean(on, "ttft_p50_ms"),
+                     "failures": sum(r["innocent_failures"] for r in off + on)}
+    trace_rows: dict = {}
+    for r in runs["on"]:
+        for outcome, n in r["trace_rows"].items():
+            trace_rows[outcome] = trace_rows.get(outcome, 0) + n
+    return {"levels": report, "trace_rows": trace_rows, "work": str(work)}
+
+
+def _print_tracing(name: str, report: dict) -> None:
+    for c, r in report["levels"].items():
+        loss = 1 - r["on_tokens_per_s"] / r["off_tokens_per_s"] if r["off_tokens_per_s"] else float("nan")
+        extra = r["on_ttft_p50_ms"] - r["off_ttft_p50_ms"]
+        print(f"{name:8} tracing c={c:<2} off {r['off_tokens_per_s']:7.1f} tok/s, on {r['on_tokens_per_s']:7.1f} "
+              f"tok/s (throughput cost {100 * loss:+.1f}%, goal <= 5%: {_verdict(loss <= 0.05)}); TTFT p50 off "
+              f"{r['off_ttft_p50_ms']:.1f} ms, on {r['on_ttft_p50_ms']:.1f} ms ({extra:+.1f} ms, goal <= 5 ms: "
+              f"{_verdict(extra <= 5)}); failures {r['failures']}")
+    print(f"{name:8} traces during the 'on' runs by outcome: {report['trace_rows']} (store: {report['work']})")
+
+
 def _verdict(met: bool) -> str:
     return "met" if met else "MISSED"
 
@@ -150,6 +211,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=16, help="requests per concurrency level (at least c)")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--json", type=Path, help="also write the report here")
+    parser.add_argument("--tracing", action="store_true", help="only compare tracing (the request log) on vs off")
     args = parser.parse_args()
     from mlops.base_models import ensure_base_model
     from mlops.profile import load_profile
@@ -159,6 +221,10 @@ def main() -> None:
     report = {}
     for name in [m for m in args.models.split(",") if m]:
         path = name if Path(name).is_dir() else ensure_base_model(name)["path"]
+        if args.tracing:
+            report[name] = _tracing_overhead(Path(path), args)
+            _print_tracing(name, report[name])
+            continue
         work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
         profile_file = load_profile(path).save_as(work / "profile.yaml")
         with ServerProcess(Path(path), profile_file, "bench", work / "server.log") as server:
@@ -169,6 +235,8 @@ def main() -> None:
     print(f"load average after: {os.getloadavg()}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
+    if args.tracing:
+        raise SystemExit(1 if any(lv["failures"] for r in report.values() for lv in r["levels"].values()) else 0)
     bad = sum(sum(p["innocent_failures"] + p["poison_500s"] for p in r["poison"])
               + r["disconnects"]["survivor_failures"] + sum(level["innocent_failures"] for level in r["levels"])
               for r in report.values())
