@@ -49,8 +49,17 @@ planned = float(p.get("plan.memory_total_bytes", "nan"))
 peak = m.get("peak_memory_bytes", float("nan"))
 ratio = peak / planned if planned == planned and planned > 0 else float("nan")
 ok = result["status"] == "FINISHED" and 0.8 <= ratio <= 1.25
+from training.hardware import TABLE, local
+
+# MFU as `mlops train plan` counts it: all ranks' tokens/s x FLOPs per token over the table's peak of every
+# device in this precision (the run's own `mfu` metric divides by one device's measured fp32 matmul rate).
+hw, precision = local(measure=False), run.data.tags.get("mlops.precision", "bf16")
+fpt = float(p.get("plan.flops_per_token", "nan"))
+table_mfu = m.get("tokens_per_s", float("nan")) * fpt / (hw.peak(precision) * gpus) if hw.name in TABLE else float("nan")
 print(f"{'PASS' if ok else 'FAIL'} {name}: {result['status']} loss {m.get('loss', float('nan')):.4f}, "
-      f"MFU {m.get('mfu', float('nan')):.1%}, {m.get('tokens_per_s', float('nan')):.0f} tokens/s, "
+      f"MFU {table_mfu:.1%} of {hw.name}'s {precision} peak vs the plan's {hw.mfu:.0%} (run metric "
+      f"{m.get('mfu', float('nan')):.1%}), "
+      f"{m.get('tokens_per_s', float('nan')):.0f} tokens/s, "
       f"peak {peak / 2**30:.2f} GiB vs plan {planned / 2**30:.2f} GiB ({ratio:.2f}x, goal 0.8-1.25), "
       f"precision {run.data.tags.get('mlops.precision')}")
 sys.exit(0 if ok else 1)
