@@ -266,3 +266,27 @@ def test_loop_check_on_a_real_ledger_reads_production_and_waits_under_the_record
     assert any(n.startswith("monitor: no served traffic of 'bot'") for n in result["inputs"]["notes"])
     run = find_runs({"mlops.stage": "loop"}, max_results=1)[0]
     assert run.info.run_id == result["run_id"] and run.data.params["decision"] == "wait"
+
+
+def test_the_launcher_runs_the_train_entry_point_on_the_new_snapshot_once(monkeypatch, tmp_path):
+    import mlflow.projects
+
+    import mlops.run_store as run_store
+    from evaluation.loop import mlflow_project_launcher
+
+    calls, trained = [], {}
+    monkeypatch.setattr(mlflow.projects, "run", lambda uri, **kw: calls.append((uri, kw)) or type(
+        "Submitted", (), {"run_id": "run-train-1"})())
+    monkeypatch.setattr(run_store, "latest_run", lambda tags, **_: trained.get(tags["mlops.data_snapshot_id"]))
+    launch = mlflow_project_launcher("configs/train/tiny.yaml", project=tmp_path / "mlproject", experiment="loop")
+    first = launch(inputs(production="4"), {"snapshot_id": "snap-next"})
+    assert first == {"launched": True, "run_id": "run-train-1", "entry_point": "train",
+                     "config": "configs/train/tiny.yaml",
+                     "overrides": ["train.snapshot=snap-next", "base_model=models:/support-bot/4"]}
+    (uri, kw), = calls
+    assert uri == str(tmp_path / "mlproject") and kw["entry_point"] == "train" and kw["synchronous"] is False
+    assert kw["parameters"] == {"config": "configs/train/tiny.yaml",
+                                "overrides": "train.snapshot=snap-next base_model=models:/support-bot/4"}
+    trained["snap-next"] = "run-train-1"
+    again = launch(inputs(production="4"), {"snapshot_id": "snap-next"})
+    assert again["launched"] is False and len(calls) == 1 and "already trained" in again["why"]
