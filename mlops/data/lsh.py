@@ -23,7 +23,7 @@ from functools import cache
 
 import numpy as np
 
-SHARD_RECORDS = 2_000_000  # per band task: 16 bytes each, so a task holds ~32 MB whatever the input size
+SHARD_RECORDS = 250_000  # keys per band task (16 bytes each, a few MB with the sort), whatever the input size
 MAX_CONFIRM = 64  # earlier bucket members a record is confirmed against (bounds a huge bucket's cost)
 _MIX = np.uint64(0xFF51AFD7ED558CCD)
 
@@ -99,7 +99,7 @@ def bucket_edges(hashes: np.ndarray, keys: np.ndarray, sig_of: Callable[[int], n
 
 
 def components(low: np.ndarray, high: np.ndarray) -> dict[int, int]:
-    """key -> smallest key of its connected component, for every key on an edge."""
+    """key -> smallest key of its connected component, for every key on an edge but those smallest keys."""
     parent: dict[int, int] = {}
 
     def find(x: int) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import numpy as np
 from mlops.data.dedup import EXACT_FILE, MINHASH_FILE
 from mlops.data.lsh import SHARD_RECORDS, Edges, band_hash, bucket_edges, components, similarity
 
-PRIOR_BLOCK = 65536
+PRIOR_BLOCK = 65536  # rows read at a time
 
 
 @dataclass(frozen=True)
@@ -49,18 +50,48 @@ def partition_segment(base: int, count: int, folder: Path, near: bool) -> Segmen
                    bands=str(folder / "bands.npy") if near else "", ids=str(folder / "ids.npy"), folder=str(folder))
 
 
+class Npy:
+    """Rows of a .npy file read with pread: unlike a memory map, what was read once does not stay in the
+    task's resident memory, so a task's RSS is what it keeps, whatever the files' size."""
+
+    def __init__(self, path: str) -> None:
+        with open(path, "rb") as fh:
+            version = np.lib.format.read_magic(fh)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            self.shape, _, self.dtype = read(fh)
+            self.offset = fh.tell()
+        self.fd = os.open(path, os.O_RDONLY)
+        self.width = int(np.prod(self.shape[1:], dtype=np.int64))  # items per row
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def rows(self, start: int, count: int) -> np.ndarray:
+        size = self.dtype.itemsize * self.width
+        data = os.pread(self.fd, size * count, self.offset + size * start)
+        return np.frombuffer(data, dtype=self.dtype).reshape((count, *self.shape[1:]))
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return self.rows(index, 1)[0]
+
+
 class Store:
-    """Key -> segment, signature, exact hash, name; arrays opened memory-mapped on first use."""
+    """Key -> segment, signature, exact hash, name; files opened (not mapped) on first use."""
 
     def __init__(self, segments: list[Segment]) -> None:
         self.segments = segments
         self.bases = [s.base for s in segments]
-        self._open: dict[str, np.ndarray] = {}
+        self._open: dict[str, Npy] = {}
 
-    def array(self, path: str) -> np.ndarray:
+    def array(self, path: str) -> Npy:
         if path not in self._open:
-            self._open[path] = np.load(path, mmap_mode="r")
+            self._open[path] = Npy(path)
         return self._open[path]
+
+    def close(self) -> None:
+        for npy in self._open.values():
+            os.close(npy.fd)
+        self._open.clear()
 
     def locate(self, key: int) -> tuple[Segment, int]:
         seg = self.segments[bisect.bisect_right(self.bases, key) - 1]
@@ -68,7 +99,7 @@ class Store:
 
     def sig(self, key: int) -> np.ndarray:
         seg, row = self.locate(key)
-        return np.asarray(self.array(seg.sigs)[row])
+        return self.array(seg.sigs)[row]
 
     def exact(self, key: int) -> int:
         seg, row = self.locate(key)
@@ -81,35 +112,47 @@ class Store:
         return f"r-{int(self.array(seg.ids)[row]):016x}"
 
 
-def _band_of(store: Store, seg: Segment, band: int, rows: int) -> np.ndarray:
-    """One segment's hashes for `band` (-1: the exact hashes)."""
+def _band_of(store: Store, seg: Segment, band: int, rows: int, start: int, count: int) -> np.ndarray:
+    """Hashes of rows [start, start + count) of one segment for `band` (-1: the exact hashes)."""
     if band < 0:
-        return np.asarray(store.array(seg.exact), dtype=np.uint64)
-    if seg.bands:
-        return np.asarray(store.array(seg.bands)[band], dtype=np.uint64)
-    sigs = store.array(seg.sigs)  # an earlier snapshot: its signatures, banded here block by block
-    if sigs.ndim != 2 or sigs.shape[1] < (band + 1) * rows:
+        return store.array(seg.exact).rows(start, count).astype(np.uint64)
+    if seg.bands:  # (bands, n): the band's row, a slice of it
+        npy = store.array(seg.bands)
+        flat = os.pread(npy.fd, 8 * count, npy.offset + 8 * (band * npy.shape[1] + start))
+        return np.frombuffer(flat, dtype="<u8").astype(np.uint64)
+    sigs = store.array(seg.sigs)  # an earlier snapshot: its signatures, banded here
+    if len(sigs.shape) != 2 or sigs.shape[1] < (band + 1) * rows:
         return np.zeros(0, np.uint64)
-    return np.concatenate([band_hash(sigs[i : i + PRIOR_BLOCK], band, rows)
-                           for i in range(0, len(sigs), PRIOR_BLOCK)] or [np.zeros(0, np.uint64)])
+    return band_hash(sigs.rows(start, count), band, rows)
+
+
+def _shard_of(store: Store, seg: Segment, task: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(hashes, keys) of one segment that fall in the task's hash range, read block by block."""
+    shards, shard = task["shards"], task["shard"]
+    hashes, keys = [], []
+    for start in range(0, seg.count, PRIOR_BLOCK):
+        count = min(PRIOR_BLOCK, seg.count - start)
+        h = _band_of(store, seg, task["band"], task["rows"], start, count)
+        if len(h) != count:  # an earlier snapshot without comparable signatures: not in the LSH
+            return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+        mine = (h >> np.uint64(40)) % np.uint64(shards) == shard if shards > 1 else np.ones(count, bool)
+        hashes.append(h[mine])
+        keys.append(np.flatnonzero(mine).astype(np.int64) + seg.base + start)
+    return (np.concatenate(hashes), np.concatenate(keys)) if hashes else (np.zeros(0, np.uint64),
+                                                                          np.zeros(0, np.int64))
 
 
 def band_task(task: dict) -> int:
     """Edges of one band's hash range (band -1: exact dedup) -> <out>.npy; returns the confirmations tried."""
     store = Store(task["segments"])
-    shards, shard = task["shards"], task["shard"]
-    hashes, keys = [], []
-    for seg in store.segments:
-        h = _band_of(store, seg, task["band"], task["rows"])
-        if seg.snapshot and len(h) != seg.count:  # an earlier snapshot without signatures: not in the LSH
-            continue
-        mine = (h >> np.uint64(40)) % np.uint64(shards) == shard if shards > 1 else np.ones(len(h), bool)
-        hashes.append(h[mine])
-        keys.append(np.flatnonzero(mine).astype(np.int64) + seg.base)
-    h = np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
-    k = np.concatenate(keys) if keys else np.zeros(0, np.int64)
-    sig_of = None if task["band"] < 0 else store.sig
-    edges = bucket_edges(h, k, sig_of, task["threshold"]) if len(h) else Edges.empty()
+    try:
+        parts = [_shard_of(store, seg, task) for seg in store.segments]
+        h = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.uint64)
+        k = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
+        sig_of = None if task["band"] < 0 else store.sig
+        edges = bucket_edges(h, k, sig_of, task["threshold"]) if len(h) else Edges.empty()
+    finally:
+        store.close()
     np.save(task["out"], np.stack([edges.low, edges.high]))
     return edges.candidates
 
@@ -130,6 +173,7 @@ def cluster_task(task: dict) -> int:
         sim = None if exact else round(similarity(store.sig(key), store.sig(root)), 4)
         reason = ("exact" if exact else "near") + ("_of_snapshot" if root < first_new else "")
         by_folder.setdefault(seg.folder, []).append([row, reason, store.name(root), sim])
+    store.close()
     for folder, rows in by_folder.items():
         with (Path(folder) / "drops.jsonl").open("w", encoding="utf-8") as fh:
             fh.writelines(json.dumps(r) + "\n" for r in rows)
