@@ -243,6 +243,7 @@ def test_mlops_monitor_reads_what_serving_wrote_and_flags_the_drop(mlops_home, m
     report = json.loads(done.output)
     assert [(a["signal"], a["reference"]) for a in report["alerts"]] == [("thumbs_down", "first_week")]
     assert report["versions"]["1"]["recent"]["thumbs_down"]["k"] == sum(f["ts"] >= now - 3 * DAY for f in feedback)
+    assert report["versions"]["1"]["recent"]["repeat"]["n"] == 60  # the sending key came back with each answer
 
 
 def test_the_alert_rules_query_the_gauges_the_monitor_writes(tmp_path):
