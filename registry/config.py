@@ -74,7 +74,7 @@ class LoopPolicy(StrictModel):
     max_age_days: float = Field(30.0, gt=0, le=3650, description="a production version older than this opens one")
     on_alert: bool = Field(True, description="an alert of `mlops monitor` opens one")
     launch_training: bool = Field(False, description="launch the training run (MLflow Projects) after the build")
-    history_ratio: float = Field(0.3, ge=0, lt=1, description="history share of the next snapshot's train split")
+    history_ratio: float = Field(0.3, gt=0, lt=1, description="history share of the next snapshot's train split")
 
 
 class RegistryConfig(StrictModel):
