@@ -22,6 +22,7 @@ import typer
 from evaluation.monitor import DAY, QUANTILES, RATES, answers_of, champion_periods, previous_champion, report
 
 EXIT_ALERT = 1
+WIDTH = 17  # a rate with its interval: "27.5% [16.1-42.8]"
 
 
 def ledger_view(model: str, url: str | None = None):
@@ -113,13 +114,13 @@ def text(result: dict) -> str:
              f"{result['policy']['confidence']:.0%} intervals; latency in ms)"]
     for version, entry in result["versions"].items():
         lines.append(f"\nv{shown(version)}")
-        lines.append("  " + " | ".join(f"{c:>12}" for c in ("day", *cols)))
+        lines.append("  " + " | ".join(f"{c:>{WIDTH}}" for c in ("day", *cols)))
         rows = [(day, s) for day, s in entry["days"].items()]
         rows += [(f"recent {result['policy']['recent_days']}d", entry["recent"])]
         rows += [(f"{name} (v{shown(str(ref['version']))})", ref) for name, ref in entry["references"].items()]
         for label, s in rows:
             cells = [str(s["requests"]), *(_rate(s[n]) for n in RATES), *(_latency(s[n]) for n in QUANTILES)]
-            lines.append("  " + " | ".join(f"{c:>12}" for c in (label, *cells)))
+            lines.append("  " + " | ".join(f"{c:>{WIDTH}}" for c in (label, *cells)))
     for note in result["notices"]:
         lines.append(f"note: {shown(note)}")
     for a in result["alerts"]:
