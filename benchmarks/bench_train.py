@@ -443,8 +443,10 @@ def main() -> None:
     parser.add_argument("--matrix-steps", type=int, default=8, help="steps per row of the memory matrix")
     parser.add_argument("--matrix-json", type=Path, help="write the matrix's measurements here (JSON)")
     parser.add_argument("--replan", type=Path, help="print a saved --matrix-json against the current planner; no run")
-    parser.add_argument("--smollm2-bf16", default="basic", choices=["basic", "all"],
-                        help="SmolLM2 bf16 rows: ZeRO-0 and ZeRO-3 without checkpointing (basic), or all six")
+    parser.add_argument("--smollm2-rows", default="basic",
+                        help="SmolLM2's rows: basic (fp32 all six, bf16 ZeRO-0 and ZeRO-3 without checkpointing), "
+                             "all, or a list like fp32-z0-off,bf16-z3-on")
+    parser.add_argument("--matrix-models", default="tiny,smollm2", help="models of the memory matrix")
     parser.add_argument("--rank-worker", help=argparse.SUPPRESS)  # one rank of a matrix row (torchrun starts it)
     args = parser.parse_args()
     if args.rank_worker:
@@ -502,14 +504,25 @@ def matrix_models(args, base: list[str], snap: str, smol: dict | None) -> list:
     """The tiny model (micro 4 per rank, its logits dominate memory) and SmolLM2-135M full fine-tune (micro 1 per
     rank: its model state dominates). bf16 steps run ~10x slower than fp32 on this CPU (no AMX), so SmolLM2's
     bf16 rows are the two the ZeRO-3 ratio needs unless --smollm2-bf16 all."""
-    out = [("tiny", [*base, "train.grad_accum=1"], ALL_ROWS)]
-    if smol:
-        rows = ALL_ROWS if args.smollm2_bf16 == "all" else [r for r in ALL_ROWS if r[0] == "fp32"] + [
-            ("bf16", 0, False), ("bf16", 3, False)]
+    models = set(args.matrix_models.split(","))
+    out = [("tiny", [*base, "train.grad_accum=1"], ALL_ROWS)] if "tiny" in models else []
+    if smol and "smollm2" in models:
         out.append(("SmolLM2-135M", [f"base_model={smol['path']}", f"train.snapshot={snap}", "train.mode=full",
                                      "train.micro_batch_size=1", "train.grad_accum=1", "train.lr=2e-5",
-                                     "train.warmup_steps=2", "train.progress=false"], rows))
+                                     "train.warmup_steps=2", "train.progress=false"], smollm2_rows(args.smollm2_rows)))
     return out
+
+
+def smollm2_rows(spec: str) -> list[tuple[str, int, bool]]:
+    if spec == "all":
+        return ALL_ROWS
+    if spec == "basic":
+        return [r for r in ALL_ROWS if r[0] == "fp32"] + [("bf16", 0, False), ("bf16", 3, False)]
+    rows = []
+    for item in spec.split(","):
+        precision, zero, ckpt = item.split("-")
+        rows.append((precision, int(zero.lstrip("z")), ckpt == "on"))
+    return rows
 
 
 if __name__ == "__main__":
