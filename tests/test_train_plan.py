@@ -71,7 +71,10 @@ def test_each_memory_lever_lowers_what_it_should():
     shape = {"world": 4, "micro": 2, "seq_len": 512, "layers": 4, "hidden": 256, "heads": 4, "vocab": 1000}
     fp32 = memory_plan(counts, zero_stage=0, **shape)
     # The fp32 ZeRO-0 figures the in-run plan logged before precision existed.
-    assert fp32["weights"] == fp32["gradients"] == 4e6 and fp32["optimizer"] == 8e6
+    # Gradients twice at 4 ranks: their own and the flat all-reduce bucket DeepSpeed copies them into.
+    assert fp32["weights"] == 4e6 and fp32["gradients"] == 4e6 + 4e6 and fp32["optimizer"] == 8e6
+    alone = memory_plan(counts, zero_stage=0, **{**shape, "world": 1})
+    assert alone["gradients"] == 4e6
     assert fp32["activations"] == 2 * 512 * 256 * 4 * (34 + 5 * 4 * 512 / 256) * 2 + 4 * 2 * 512 * 1000 * 4
     bf16 = memory_plan(counts, zero_stage=0, precision="bf16", **shape)
     assert bf16["weights"] == 2e6 and bf16["optimizer"] == 12e6

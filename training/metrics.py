@@ -65,12 +65,14 @@ def flops_per_token(counts: ParamCounts, *, layers: int, hidden: int, seq_len: i
 
 
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+REDUCE_BUCKET = 500_000_000  # DeepSpeed 0.19.8's default reduce/all-reduce bucket, in elements
 OFFLOADS = ("none", "optimizer", "optimizer_and_params")
 
 
 def memory_plan(counts: ParamCounts, *, zero_stage: int, world: int, micro: int, seq_len: int, layers: int,
                 hidden: int, heads: int, vocab: int, precision: str = "fp32", offload: str = "none",
-                checkpointing: bool = False, score_matrices: bool = True, layer_params: int = 0) -> dict[str, float]:
+                checkpointing: bool = False, score_matrices: bool = True, layer_params: int = 0,
+                gpu: bool | None = None) -> dict[str, float]:
     """Estimated peak bytes per process on its device (weights, gradients, AdamW state, activations) and in
     host memory (what ZeRO-Offload moves there).
 
@@ -89,6 +91,14 @@ def memory_plan(counts: ParamCounts, *, zero_stage: int, world: int, micro: int,
         host += weights / world if offload == "optimizer_and_params" else 0.0
         weights = live + (0.0 if offload == "optimizer_and_params" else weights / world)
     grads = counts.trainable * w / (world if zero_stage >= 2 else 1)
+    if world > 1:
+        # DeepSpeed reduces gradients through a flat bucket of up to 5e8 elements in the gradient dtype (ZeRO-0's
+        # all-reduce, ZeRO-1/2's and ZeRO-3's reduce buckets): a second copy of up to that many gradients at the
+        # step's peak (measured on SmolLM2 at ZeRO-0: +1.0x its fp32 gradients). ZeRO-3 allocates its bucket
+        # whole up front; on a GPU that is all resident, on a CPU only the pages written. `gpu` defaults to "no
+        # score matrices", as both callers (the planner and the in-run plan) pass score_matrices=not gpu.
+        gpu = (not score_matrices) if gpu is None else gpu
+        grads += (REDUCE_BUCKET if zero_stage == 3 and gpu else min(counts.trainable, REDUCE_BUCKET)) * w
     # fp32 AdamW keeps two moments; ZeRO >= 1 also keeps a flat fp32 copy of the trainable partition. Mixed
     # precision always keeps the fp32 master copy beside the moments.
     per_weight = 12 if precision != "fp32" or zero_stage >= 1 else 8
