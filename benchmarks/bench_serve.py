@@ -147,12 +147,17 @@ def _print(name: str, report: dict) -> None:
 TRACING_LEVELS = (1, 16)
 
 
-async def _traced_levels(server, args) -> dict:
+async def _traced_levels(server, args, traced: bool) -> dict:
     import httpx
 
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with httpx.AsyncClient(base_url=server.url, headers=server.headers, timeout=600, limits=limits) as client:
         await _stream(client, _body(0, args.max_tokens))  # warm up
+        deadline = time.monotonic() + 600
+        while traced and time.monotonic() < deadline:  # steady state: the writer process has started and written
+            if 'request_log_rows_total{outcome="written"}' in (await client.get("/metrics")).text:
+                break
+            await asyncio.sleep(0.5)
         levels = {c: await _level(client, c, max(args.requests, 4 * c), args.max_tokens) for c in TRACING_LEVELS}
         metrics = (await client.get("/metrics")).text
     rows = {line.split('outcome="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
@@ -174,7 +179,7 @@ def _tracing_overhead(path: Path, args) -> dict:
             if side == "on":  # ServerProcess turns the request log off (eval traffic); here it is the subject
                 server.command = [c for c in server.command if c != "serve.request_log.enabled=false"]
             server.start(600)
-            runs[side].append(asyncio.run(_traced_levels(server, args)))
+            runs[side].append(asyncio.run(_traced_levels(server, args, side == "on")))
     report = {}
     for c in TRACING_LEVELS:
         off = [r["levels"][c] for r in runs["off"]]

@@ -188,9 +188,9 @@ def write_requests(rows: list[LoggedRequest], url: str | None = None) -> list[st
         seen.add(tid)
     traces = [_trace(r, experiment_id) for r in fresh]
     if traces:
-        client.log_spans(experiment_id, [span for _, span in traces])
-        for info, _ in traces:
+        for info, _ in traces:  # the trace first: its spans then land on it (the other order makes MLflow merge)
             client.start_trace(info)
+        client.log_spans(experiment_id, [span for _, span in traces])
     return [r.request_id for r in skipped]
 
 

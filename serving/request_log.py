@@ -92,10 +92,16 @@ class RequestLogWriter:
 
     def __init__(self, *, url: str | None = None, queue_size: int = 10000, batch_rows: int = 200,
                  flush_seconds: float = 0.5, retention_days: float | None = 30.0,
-                 feedback_wait_s: float = 10.0) -> None:
+                 feedback_wait_s: float = 10.0, process: bool = False) -> None:
         self.url = url
         self.batch_rows, self.flush_seconds, self.retention_days = batch_rows, flush_seconds, retention_days
         self.feedback_wait_s = feedback_wait_s
+        # process: the MLflow writes run in a niced child (serving.trace_writer), away from the gateway's GIL.
+        self._child = None
+        if process:
+            from serving.trace_writer import TraceWriterProcess
+
+            self._child = TraceWriterProcess(url)
         self.counts: Counter = Counter()  # outcome -> rows: written, dropped_full, duplicate, write_error
         self.on_count: Callable[[str, int], None] | None = None  # metrics
         self.pruned = 0
@@ -111,7 +117,7 @@ class RequestLogWriter:
     def from_config(cls, cfg) -> RequestLogWriter:
         """From `serve.request_log` (a `serving_config.RequestLogConfig`)."""
         return cls(url=cfg.database, queue_size=cfg.queue, batch_rows=cfg.batch_rows,
-                   flush_seconds=cfg.flush_seconds, retention_days=cfg.retention_days)
+                   flush_seconds=cfg.flush_seconds, retention_days=cfg.retention_days, process=True)
 
     # ------------------------------------------------------------------ any thread
 
@@ -176,6 +182,8 @@ class RequestLogWriter:
             if self._thread.is_alive():
                 log.error("request log: %d rows were still queued after %.0f s and are lost", self._queue.qsize(),
                           timeout)
+        if self._child is not None:
+            self._child.close()
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until every queued row was attempted (tests, benchmarks); True when the queue emptied in time."""
@@ -215,7 +223,6 @@ class RequestLogWriter:
         return batch
 
     def _write(self, batch: list[LoggedRequest]) -> None:
-        from mlops.requestlog import write_requests
 
         rows = []
         for row in batch:
@@ -227,7 +234,10 @@ class RequestLogWriter:
                 self._error(f"row {row.request_id} could not be prepared ({type(err).__name__}: {err})")
                 self._count("write_error")
         try:
-            self._written(rows, write_requests(rows, self.url))
+            self._written(rows, self._write_rows(rows))
+        except (TimeoutError, EOFError, OSError) as err:  # the child went away: it is replaced on the next batch
+            self._count("write_error", len(rows))
+            self._error(f"{len(rows)} traces were lost with the writer process ({type(err).__name__}: {err})")
         except Exception:  # noqa: BLE001 - retried row by row: one bad row must not cost its neighbours
             self._write_alone(rows)
         finally:
@@ -246,14 +256,20 @@ class RequestLogWriter:
                         "(clients should send unique X-Request-ID values)", ", ".join(skipped[:5]))
 
     def _write_alone(self, rows: list[LoggedRequest]) -> None:
-        from mlops.requestlog import write_requests
 
         for row in rows:
             try:
-                self._written([row], write_requests([row], self.url))
+                self._written([row], self._write_rows([row]))
             except Exception as err:  # noqa: BLE001 - counted and logged; serving goes on
                 self._count("write_error")
                 self._error(f"traces could not be written ({type(err).__name__}: {str(err)[:300]})")
+
+    def _write_rows(self, rows: list[LoggedRequest]) -> list[str]:
+        from mlops.requestlog import write_requests
+
+        if self._child is not None:
+            return self._child.write(rows)
+        return write_requests(rows, self.url)
 
     def _prune(self) -> None:
         if not self.retention_days:

@@ -256,8 +256,8 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None, request_log=No
             raise
         except Exception as err:  # noqa: BLE001 - the database is unreachable: say so, keep serving
             log.error("request_id=%s feedback not stored: %s: %s", request.state.request_id, type(err).__name__, err)
-            raise ApiError(503, "the feedback could not be stored (the request log's database is unreachable); "
-                           "try again later.", code="feedback_unavailable") from None
+            raise ApiError(503, "the feedback could not be stored (the tracking store holding the answer's trace "
+                           "is unreachable or slow); try again later.", code="feedback_unavailable") from None
         return {"object": "feedback", "id": item.feedback_id, "request_id": item.request_id, "rating": item.rating}
 
     return app

@@ -115,6 +115,28 @@ def test_a_slow_or_failing_trace_store_drops_counted_and_every_user_still_gets_a
     assert f'mlops_serve_request_log_rows_total{{outcome="write_error"}} {float(failed)}' in metrics
 
 
+@pytest.mark.slow  # two child processes import MLflow: about a minute on a busy 2-core machine
+def test_mlops_serve_writes_traces_from_a_niced_child_process_and_replaces_one_that_died(traced_home):
+    import os
+
+    from mlops.requestlog import LoggedRequest, read_requests
+    from serving.request_log import RequestLogWriter
+
+    writer = RequestLogWriter(flush_seconds=0.01, retention_days=None, process=True).start()
+    writer.submit(LoggedRequest("first", "bot", "1", "/v1/completions", [{"role": "user", "content": "a@b.org"}], "x"))
+    assert writer.flush(120)
+    child = writer._child._proc
+    assert os.getpriority(os.PRIO_PROCESS, child.pid) > os.getpriority(os.PRIO_PROCESS, os.getpid())
+    child.kill()
+    child.wait()
+    writer.submit(LoggedRequest("second", "bot", "1", "/v1/completions", [], "y"))
+    assert writer.flush(120)
+    writer.close()
+    rows = {r["request_id"]: r for r in read_requests()}
+    assert set(rows) == {"first", "second"} and "a@b.org" not in rows["first"]["messages"][0]["content"]
+    assert writer.counts["written"] == 2 and writer._child._proc is None  # closed with the writer
+
+
 def test_a_reused_request_id_costs_only_its_own_row(traced_home):
     from mlops.requestlog import LoggedRequest, read_requests, write_requests
     from serving.request_log import RequestLogWriter

@@ -1,0 +1,97 @@
+"""The request log's MLflow writes in a child process of lower priority than the gateway.
+
+Writing a trace is Python work (the PII scrubber, MLflow's ORM): on the gateway's own thread it competes for the
+interpreter lock with the event loop and the engine, and measured 70% of the throughput on a busy 2-core machine
+(benchmarks/RESULTS.md, issue 31). In a process of its own, niced below the gateway, it competes for nothing the
+gateway holds. The parent's writer thread sends batches of rows over a pipe and waits for the request ids skipped
+(already traced); a child that dies or hangs is replaced on the next batch, and that batch counts as lost.
+
+Started as `python -c` (not `multiprocessing`): spawn would re-run the server's `__main__`, fork would copy a process
+full of threads.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+NICE = 10
+
+
+class TraceWriterProcess:
+    """`write(rows) -> skipped ids`, executed by `mlops.requestlog.write_requests` in a child process."""
+
+    def __init__(self, url: str | None, timeout_s: float = 120.0) -> None:
+        self.url, self.timeout_s = url, timeout_s
+        self._proc: subprocess.Popen | None = None
+        self._send = self._recv = None
+
+    def write(self, rows: list) -> list[str]:
+        if self._proc is None or self._proc.poll() is not None:
+            self._start()
+        try:
+            self._send.send(rows)
+            if not self._recv.poll(self.timeout_s):
+                raise TimeoutError(f"the trace writer process did not answer within {self.timeout_s:g} s")
+            ok, value = self._recv.recv()
+        except (OSError, EOFError, TimeoutError):
+            self.close(0)  # replaced on the next batch
+            raise
+        if not ok:
+            raise RuntimeError(value)
+        return value
+
+    def _start(self) -> None:
+        from multiprocessing.connection import Connection
+
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        code = "import sys, serving.trace_writer as w; w.child_main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])"
+        self._proc = subprocess.Popen([sys.executable, "-c", code, str(to_child_r), str(from_child_w), self.url or ""],
+                                      pass_fds=(to_child_r, from_child_w), cwd=os.getcwd(),
+                                      env={**os.environ, "PYTHONPATH": _import_path()})
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self._send, self._recv = Connection(to_child_w, readable=False), Connection(from_child_r, writable=False)
+
+    def close(self, timeout: float = 30.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            self._send.send(None)  # finish the batch in hand, then exit
+            proc.wait(timeout)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+        finally:
+            for conn in (self._send, self._recv):
+                conn.close()
+
+
+def _import_path() -> str:
+    """The parent's import roots first, so the child imports the same code (the repository, not an install)."""
+    roots = [p for p in sys.path if p and os.path.isdir(p)]
+    return os.pathsep.join(dict.fromkeys([*roots, *os.environ.get("PYTHONPATH", "").split(os.pathsep)]))
+
+
+def child_main(read_fd: int, write_fd: int, url: str) -> None:
+    """The child: batches in, (True, skipped ids) or (False, error) out, until None or the parent goes."""
+    from multiprocessing.connection import Connection
+
+    os.nice(NICE)
+    from mlops.requestlog import write_requests
+
+    recv, send = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
+    while True:
+        try:
+            rows = recv.recv()
+        except (EOFError, OSError):
+            return
+        if rows is None:
+            return
+        try:
+            send.send((True, write_requests(rows, url or None)))
+        except Exception as err:  # noqa: BLE001 - reported to the parent, which counts the batch as lost
+            send.send((False, f"{type(err).__name__}: {str(err)[:500]}"))
