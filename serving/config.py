@@ -26,8 +26,8 @@ class RequestLogConfig(StrictModel):
     enabled: bool = Field(True, description="log every generation request and answer (PII-scrubbed) for shadow "
                           "reports, spot-checks and `mlops data harvest`; eval servers turn it off")
     database: str | None = Field(
-        None, description="SQLAlchemy URL of the log's database (default: MLOPS_REQUEST_LOG_DB, MLOPS_REGISTRY_DB, "
-        "then the tracking database)"
+        None, description="MLflow tracking URI the answers are written to as traces (default: MLOPS_REQUEST_LOG_DB, "
+        "then the tracking URI)"
     )
     retention_days: float = Field(30.0, gt=0, description="rows older than this are pruned at start and daily")
     queue: int = Field(10000, ge=1, description="rows waiting for the writer; beyond it rows are dropped (counted) "
