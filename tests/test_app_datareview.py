@@ -5,6 +5,7 @@ shown as plain text; the version page says what it knows of its snapshot's revie
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -121,3 +122,46 @@ def test_version_page_names_a_snapshot_this_store_does_not_hold(app_store):
     shown = read(at, "markdown")
     assert "**Human review:** unknown: snapshot snap-test is not in this project's snapshot store" in shown
     assert "**Acceptance** not measured" in shown
+
+
+@pytest.mark.slow
+def test_version_page_shows_the_acceptance_report_and_review_of_a_built_snapshot(app_store, tiny_model, tmp_path):
+    """End to end: a real build (acceptance report in its manifest), its data run, a version trained on it, a
+    review stored with the CLI's functions; the version page shows the figures and the verdicts."""
+    import json
+
+    from app.testing import EXPERIMENT
+    from mlops.data.labelled_dedup import conversations
+    from mlops.data.review import draw, store
+    from mlops.data.testing import quick_build
+    from mlops.lineage import Tag
+    from mlops.tracking import MlflowTracker
+    from registry.release import register
+    from registry.testing import signed_in as identity
+    from registry.testing import training_run
+
+    built = quick_build(conversations(40, seed=3), base_model=tiny_model["path"], workdir=tmp_path)
+    tracker = MlflowTracker.start(EXPERIMENT, attach_env_run=False,
+                                  tags={Tag.STAGE: "data", Tag.SNAPSHOT_ID: built.snapshot_id})
+    tracker.log_dict(built.manifest, "snapshot/manifest.json")
+    tracker.close()
+    path, items = draw(built.path, 3, seed=7, out=tmp_path / "sample.jsonl")
+    path.write_text("".join(json.dumps({**item, "verdict": "bad" if i == 0 else "ok",
+                                        "reason": "answer is vague" if i == 0 else ""}) + "\n"
+                            for i, item in enumerate(items)))
+    store(built.path, path, reviewer="ada")
+    run_id = training_run(Path(tiny_model["path"]), tmp=tmp_path / "runs", variant=5, experiment=EXPERIMENT,
+                          data_run_id=tracker.run_id)
+    version = register(identity("tina"), run_id, "bot")
+
+    at = open_page(signed_in("vic"), "version", model="bot", version=version)
+    assert not at.exception and not texts(at, "error")
+    shown = read(at, "markdown")
+    accept = built.manifest["acceptance"]
+    assert (f"**Acceptance {accept['verdict']['status']}**: rejected {accept['verdict']['rejected_share']:.1%} of "
+            f"{accept['rejected']['rows_read']} rows read") in shown
+    assert f"suggested max_seq_len {accept['sequence']['suggested_max_seq_len']}" in shown
+    assert "**Human review:** 3/3 judged (complete): 2 ok, 1 bad (33.3%); bad: answer is vague 1; by ada" in shown
+    assert any("tokenizer" in t and "tokens/word" in t for t in texts(at, "code"))
+    reasons = [d.value for d in at.dataframe if "bad reason" in d.value.columns][0]
+    assert reasons.to_dict("records") == [{"bad reason": "answer is vague", "samples": 1}]
