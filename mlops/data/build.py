@@ -11,8 +11,10 @@ of a SIGKILLed build exit by themselves (mlops.data.parallel), and the next buil
 whose build died. A build that keeps fewer than `data.min_records` records fails and publishes nothing.
 
 `data.executor` picks where the per-record work runs: a local process pool (mlops.data.parallel) or Ray tasks
-on a cluster (mlops.data.ray_executor). Either maps chunks in input order and this process assembles the rest
-the same way, so the snapshot (id, manifest counters, quarantine, shard bytes) does not depend on it.
+on a cluster (mlops.data.ray_executor). Reading, cleaning and dedup run as per-partition and per-band tasks
+(mlops.data.sharded); this process plans them, sums their reports, mixes and writes the gated batches. Either
+executor maps tasks in input order and duplicate clusters keep their smallest (source, line) key, so the
+snapshot (id, manifest counters, quarantine, shard bytes) depends neither on the executor nor on the worker count.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """Exact and near deduplication across sources and against earlier snapshots.
 
 Exact: a 64-bit hash of the normalised text (lowercased words, punctuation and spacing dropped).
-Near: MinHash signatures of word shingles (computed in worker processes) in a MinHash LSH index (datasketch),
-queried and filled in record order in the main process so the result does not depend on worker timing. LSH
+Near: MinHash signatures of word shingles. The build no longer uses the sequential indexes below: it sorts band
+hashes per band in worker tasks and keeps the smallest key of each cluster (mlops.data.lsh, mlops.data.lshtasks;
+`mlops.data.lsh.dedup_texts` for a list of texts). `ExactIndex`/`NearIndex` remain the greedy, record-order
+index (a MinHash LSH index, datasketch) for callers that feed records one at a time. LSH
 only proposes candidates (records sharing a band); a candidate is a near duplicate only when its estimated
 Jaccard similarity (share of equal signature rows) reaches the threshold, and the drop names the kept record.
 A snapshot stores the hashes and signatures of the records it holds (`dedup/`), so a later build can treat

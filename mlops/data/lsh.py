@@ -110,11 +110,11 @@ def components(low: np.ndarray, high: np.ndarray) -> dict[int, int]:
             parent[x], x = root, parent[x]
         return root
 
-    pairs = np.unique(np.stack([low, high], axis=1), axis=0) if len(low) else np.zeros((0, 2), np.int64)
-    for a, b in pairs.tolist():
-        ra, rb = find(a), find(b)
-        if ra != rb:  # the smaller root stays root: every root is its component's smallest key
-            parent[max(ra, rb)] = min(ra, rb)
+    for start in range(0, len(low), 65536):  # a block at a time: no list of every edge at once
+        for a, b in zip(low[start : start + 65536].tolist(), high[start : start + 65536].tolist(), strict=True):
+            ra, rb = find(a), find(b)
+            if ra != rb:  # the smaller root stays root: every root is its component's smallest key
+                parent[max(ra, rb)] = min(ra, rb)
     return {k: find(k) for k in list(parent)}
 
 

@@ -160,24 +160,36 @@ def band_task(task: dict) -> int:
 def cluster_task(task: dict) -> int:
     """Connected components of every band's edges -> drops.jsonl in each partition folder; returns the drops."""
     store = Store(task["segments"])
-    pairs = [np.load(path) for path in task["edges"]]
-    low = np.concatenate([p[0] for p in pairs]) if pairs else np.zeros(0, np.int64)
-    high = np.concatenate([p[1] for p in pairs]) if pairs else np.zeros(0, np.int64)
-    roots = components(low, high)
+    # A duplicate pair collides in most bands: pack each file's pairs into one int64 and keep the distinct ones as
+    # they come, so memory follows the distinct pairs (about the duplicates), not the edges of every band.
+    stride = np.int64(max(1, sum(s.count for s in store.segments)))
+    packed = np.zeros(0, np.int64)
+    for path in task["edges"]:
+        pair = np.load(path)
+        packed = np.union1d(packed, pair[0].astype(np.int64) * stride + pair[1])
+    roots = components(packed // stride, packed % stride)
     first_new = task["first_new"]
-    by_folder: dict[str, list] = {}
-    for key in sorted(k for k, root in roots.items() if root != k and k >= first_new):
-        root = roots[key]
-        seg, row = store.locate(key)
-        exact = task["exact"] and store.exact(key) == store.exact(root)
-        sim = None if exact else round(similarity(store.sig(key), store.sig(root)), 4)
-        reason = ("exact" if exact else "near") + ("_of_snapshot" if root < first_new else "")
-        by_folder.setdefault(seg.folder, []).append([row, reason, store.name(root), sim])
-    store.close()
-    for folder, rows in by_folder.items():
-        with (Path(folder) / "drops.jsonl").open("w", encoding="utf-8") as fh:
-            fh.writelines(json.dumps(r) + "\n" for r in rows)
-    return sum(len(rows) for rows in by_folder.values())
+    dropped = np.sort(np.fromiter((k for k in roots if k >= first_new), dtype=np.int64))
+    drops, out, folder = 0, None, None
+    try:  # keys in order are partitions in order: each partition's file is written start to end, then closed
+        for key in dropped.tolist():
+            root = roots[key]
+            seg, row = store.locate(key)
+            if seg.folder != folder:
+                if out is not None:
+                    out.close()
+                folder = seg.folder
+                out = (Path(folder) / "drops.jsonl").open("w", encoding="utf-8")
+            exact = task["exact"] and store.exact(key) == store.exact(root)
+            sim = None if exact else round(similarity(store.sig(key), store.sig(root)), 4)
+            reason = ("exact" if exact else "near") + ("_of_snapshot" if root < first_new else "")
+            out.write(json.dumps([row, reason, store.name(root), sim]) + "\n")
+            drops += 1
+    finally:
+        if out is not None:
+            out.close()
+        store.close()
+    return drops
 
 
 def plan_dedup(segments: list[Segment], work: Path, exact: bool, near: bool, bands: int, rows: int,

@@ -1,11 +1,11 @@
 """`data.executor: ray`: the ordered, bounded map of mlops.data.parallel over Ray tasks instead of local processes.
 
-The driver (the build process) keeps everything that decides the snapshot: it reads the sources, owns the
-exact and MinHash LSH indexes, the mixing, the quarantine, the batch writer and the shards, and it consumes
-results in input order. Only the stateless per-record work leaves it, as one Ray task per chunk (PII scrub,
-filters, decontamination, MinHash signatures; later tokenization, per-record checks and the GE batch suite).
-So a near duplicate is found whichever task computed its signature: the one global LSH index sees every
-record, in record order, exactly as with the local pool, and the snapshot is byte-identical.
+The driver (the build process) only coordinates: it plans partitions and tasks, sums what they report and writes
+the batches it is handed. Every per-record step of the cleaning runs in tasks (mlops.data.sharded): reading and
+parsing a partition of a source, PII scrub, filters, decontamination, exact hashes, MinHash signatures and band
+hashes; the LSH lookup sharded by band; the clustering; then tokenization, per-record checks and the GE batch
+suite. Duplicate clusters keep their smallest (source order, line) key, so the snapshot is byte-identical to a
+local build at any worker count.
 
 Faults:
   * a worker or node dies: Ray reruns the task (`data.ray.max_retries`); tasks are pure functions of their
@@ -14,8 +14,10 @@ Faults:
   * the head is lost: Ray has no GCS to schedule with and ends the driver process 60 s later. The driver
     checks the head's port while it waits and fails after `data.ray.head_timeout_s` with `RayHeadLost`,
     so the build's usual cleanup runs (the staging folder goes, nothing is published).
-Workers need the same checkout and virtualenv as the driver (they import `mlops`), nothing else: the
-tokenizer files travel in the object store, and no worker reads a source or writes a snapshot file.
+Workers need the same checkout and virtualenv as the driver (they import `mlops`), and the sources and the
+snapshot root (data.output_dir) at the same paths: tasks read their partition of a source and write their
+partition's files in the build's staging folder, so on a multi-machine cluster both live on a shared filesystem.
+The tokenizer files travel in the object store.
 """
 
 from __future__ import annotations
