@@ -261,7 +261,8 @@ class AnonPeak:
 def model_state_bytes() -> float:
     """Bytes of this rank's model state: the module's weights (their ZeRO-3 shards where partitioned) and the
     torch optimizer's parameters (fp32 master copies where DeepSpeed keeps them) and state (AdamW moments), each
-    storage counted once. Found through the garbage collector, so no DeepSpeed internals are named. Not counted:
+    storage counted once (after the last step: ZeRO-3 weights still gathered count too). Found through the garbage
+    collector, so no DeepSpeed internals are named. Not counted:
     gradients (freed after each step here) and DeepSpeed's communication buckets (allocated whole, e.g. a
     5e8-element ZeRO-3 reduce buffer, but only the pages written become resident on a CPU)."""
     import gc
@@ -279,7 +280,8 @@ def model_state_bytes() -> float:
     for obj in gc.get_objects():
         if type(obj).__name__ == "DeepSpeedEngine":
             for p in obj.module.parameters():
-                add(getattr(p, "ds_tensor", None) if hasattr(p, "ds_tensor") else p.data)
+                add(getattr(p, "ds_tensor", None))  # a ZeRO-3 shard
+                add(p.data)  # a full weight: ZeRO-0/1/2, a ZeRO-3 persistent (small) one, or one still gathered
         elif isinstance(obj, torch.optim.Optimizer):
             for group in obj.param_groups:
                 for p in group["params"]:
@@ -318,6 +320,15 @@ def rank_worker(spec_path: str) -> None:
     gc.collect()
     sampler = AnonPeak().start()
     measured: dict = {}
+    import training.steps
+
+    run_step = training.steps.run_step
+
+    def first_step_marks_setup(run, window):  # the peak of loading and engine setup, before any step
+        measured.setdefault("setup_peak_bytes", sampler.read()["peak_bytes"])
+        return run_step(run, window)
+
+    training.steps.run_step = first_step_marks_setup
 
     def report(step: int, _metrics: dict) -> None:
         if step == cfg.train.max_steps:
@@ -361,7 +372,8 @@ def matrix_row(overrides: list[str], tmp: Path, name: str, nproc: int) -> dict:
     return {**row, "ranks": ranks, "step_s": statistics.median(trace[s]["step_s"] for s in sorted(trace)[WARM:])}
 
 
-def bench_matrix(model: str, base: list[str], steps: int, tmp: Path, rows=ALL_ROWS, nproc: int = 2) -> dict:
+def bench_matrix(model: str, base: list[str], steps: int, tmp: Path, rows=ALL_ROWS, nproc: int = 2,
+                 saved: Path | None = None) -> dict:
     """Measure every row (a dict keyed by (precision, zero, checkpointing)), printing each as it ends."""
     print(f"\n== memory matrix: {model}, {nproc} processes (gloo), {steps} steps; per rank: measured peak (RssAnon "
           f"above baseline; VmHWM delta) vs plan; live model state ==", flush=True)
@@ -374,6 +386,8 @@ def bench_matrix(model: str, base: list[str], steps: int, tmp: Path, rows=ALL_RO
                f"run.log_every={steps}", "train.eval_samples=4"]
         measured[(precision, zero, ckpt)] = matrix_row(run, tmp, name, nproc)
         print(matrix_line(measured[(precision, zero, ckpt)]), flush=True)
+        if saved:
+            save_matrix(saved, model, measured)
     return measured
 
 
@@ -393,8 +407,10 @@ def matrix_line(row: dict) -> str:
     planned_state = plan["memory_weights_bytes"] + plan["memory_optimizer_bytes"]  # what model_state_bytes counts
     peak = max(r["peak_bytes"] for r in row["ranks"])
     ratio = planned / peak
+    setup = max(r.get("setup_peak_bytes", float("nan")) for r in row["ranks"])
     return (f"{label}: {row['step_s'] * 1e3:8.1f} ms/step; peak/rank {peak / mib:7.1f} MiB (VmHWM "
-            f"{max(r['hwm_bytes'] for r in row['ranks']) / mib:.1f}), plan {planned / mib:7.1f} MiB: plan/measured "
+            f"{max(r['hwm_bytes'] for r in row['ranks']) / mib:.1f}; before the first step {setup / mib:.1f}), "
+            f"plan {planned / mib:7.1f} MiB: plan/measured "
             f"{ratio:.2f} (goal 0.8-1.25) {'ok' if 0.8 <= ratio <= 1.25 else 'MISSED'}; model state/rank "
             f"{max(r['model_state_bytes'] for r in row['ranks']) / mib:.1f} MiB (plan {planned_state / mib:.1f})")
 
@@ -494,8 +510,7 @@ def run_parts(parts: set[str], args, base: list[str], snap: str, cache: Path, tm
         # Global batch 8 at 2 ranks: micro 4 x accum 1 per rank (the tiny model), micro 2 x accum 2 (SmolLM2).
         saved = args.matrix_json or tmp / "matrix.json"
         for model, overrides, rows in matrix_models(args, base, snap, smol):
-            measured = bench_matrix(model, overrides, args.matrix_steps, tmp, rows)
-            save_matrix(saved, model, measured)
+            measured = bench_matrix(model, overrides, args.matrix_steps, tmp, rows, saved=saved)
             matrix_summary(model, measured)
         print(f"matrix measurements saved to {saved} (re-plan them with --replan)")
 

@@ -79,7 +79,8 @@ def test_each_memory_lever_lowers_what_it_should():
     bf16 = memory_plan(counts, zero_stage=0, precision="bf16", **shape)
     assert bf16["weights"] == 2e6 and bf16["optimizer"] == 12e6
     zero3 = memory_plan(counts, zero_stage=3, precision="bf16", layer_params=10_000, **shape)
-    assert zero3["weights"] == 2e6 / 4 + 2 * 10_000 * 2 and zero3["optimizer"] == 12e6 / 4
+    # A shard each, plus the whole model gathered: under 1e9 parameters DeepSpeed's defaults keep it all live.
+    assert zero3["weights"] == 2e6 / 4 + 1e6 * 2 and zero3["optimizer"] == 12e6 / 4
     offloaded = memory_plan(counts, zero_stage=3, precision="bf16", offload="optimizer_and_params", **shape)
     assert offloaded["optimizer"] == 0 and offloaded["host"] == 12e6 / 4 + 2e6 / 4
     ckpt = memory_plan(counts, zero_stage=0, checkpointing=True, **shape)

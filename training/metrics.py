@@ -66,6 +66,7 @@ def flops_per_token(counts: ParamCounts, *, layers: int, hidden: int, seq_len: i
 
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 REDUCE_BUCKET = 500_000_000  # DeepSpeed 0.19.8's default reduce/all-reduce bucket, in elements
+MAX_LIVE = 1_000_000_000  # DeepSpeed 0.19.8's default stage3_max_live_parameters (and max_reuse_distance)
 OFFLOADS = ("none", "optimizer", "optimizer_and_params")
 
 
@@ -87,7 +88,11 @@ def memory_plan(counts: ParamCounts, *, zero_stage: int, world: int, micro: int,
     weights = counts.total * w
     host = 0.0
     if zero_stage == 3:
-        live = 2 * layer_params * w
+        # Gathered weights stay resident up to stage3_max_live_parameters (1e9 by default), and DeepSpeed keeps
+        # those it will reuse within stage3_max_reuse_distance (1e9): a model under 1e9 parameters ends up wholly
+        # gathered on every rank after the first step (measured: SmolLM2 at ZeRO-3 peaks above ZeRO-0), a larger
+        # one holds 1e9 of them. Never less than the current and the prefetched layer.
+        live = max(2 * layer_params, min(counts.total, MAX_LIVE)) * w
         host += weights / world if offload == "optimizer_and_params" else 0.0
         weights = live + (0.0 if offload == "optimizer_and_params" else weights / world)
     grads = counts.trainable * w / (world if zero_stage >= 2 else 1)
