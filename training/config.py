@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from mlops.config import StrictModel, added_option, volatile
 from mlops.errors import ConfigError
 
+ADAPTER_MODES = ("lora", "qlora")  # modes that train LoRA adapters over a frozen base (checkpoints hold the adapters)
 RESUME_NONE = ("never", "none")  # both spellings start over; `none` is what operators tend to type
 
 

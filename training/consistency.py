@@ -1,6 +1,6 @@
 """Checks before compute that a run is what it claims: the snapshot was tokenized with the base model's
-tokenizer and chat template, and every rank runs the same software (the field guides: environments that differ
-slightly between nodes show up as random hangs, long after the job started)."""
+tokenizer and chat template, every rank runs the same software (the field guides: environments that differ
+slightly between nodes show up as random hangs, long after the job started), and the device can run the mode."""
 
 from __future__ import annotations
 
@@ -32,6 +32,21 @@ def check_tokenizer(manifest: dict, snapshot_id: str, base: dict) -> None:
                 f"snapshot with this base model (`mlops data build` with base_model={base['name']}), or set "
                 "base_model to the model the snapshot was built for."
             )
+
+
+def check_mode_on_device(t, precision: str, device: str) -> None:
+    """Refuse QLoRA where bitsandbytes cannot quantize on this device, before any folder or run exists."""
+    if t.mode != "qlora":
+        return
+    from training.qlora import device_can_quantize
+
+    ok, reason = device_can_quantize(device, precision)
+    if not ok:
+        raise ConfigError(
+            f"train.mode=qlora cannot run on {device}: {reason}. Fix: install bitsandbytes==0.50.2 with a backend "
+            "for this device (CPU and CUDA have one), or set train.mode=lora (the same adapters over an unquantized "
+            "base)."
+        )
 
 
 def fingerprint() -> dict[str, str]:

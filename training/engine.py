@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 
 from mlops.files import free_port
+from training.config import ADAPTER_MODES
 
 DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -56,7 +57,8 @@ def build_model(base_path: str, cfg, seed: int, *, ds: dict | None = None):
     `ds` (the DeepSpeed config) means "for training": under ZeRO-3 the weights are partitioned as they load
     (transformers' HfDeepSpeedConfig makes from_pretrained run inside deepspeed.zero.Init), so no rank ever
     holds the whole model; and train.activation_checkpointing turns on non-reentrant HF gradient checkpointing.
-    Weights load in fp32 in every precision: DeepSpeed casts them and keeps the fp32 master copy."""
+    Weights load in fp32 in every precision: DeepSpeed casts them and keeps the fp32 master copy. QLoRA's base
+    loads in 4-bit NF4 instead (training.qlora), in the compute dtype of the precision `ds` enables."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -67,7 +69,12 @@ def build_model(base_path: str, cfg, seed: int, *, ds: dict | None = None):
 
         marker = HfDeepSpeedConfig(ds)  # transformers holds it weakly: alive for the load only
     try:
-        model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, trust_remote_code=False)
+        if cfg.mode == "qlora":
+            from training.qlora import load_base
+
+            model = load_base(base_path, ds_precision(ds), zero_stage=cfg.zero_stage if ds is not None else 0)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, trust_remote_code=False)
     finally:
         if zero3:
             # Left set, every later from_pretrained in this process (the final model, built on rank 0 alone)
@@ -75,16 +82,30 @@ def build_model(base_path: str, cfg, seed: int, *, ds: dict | None = None):
             del marker
             unset_hf_deepspeed_config()
     model.config.use_cache = False
-    if ds is not None and cfg.activation_checkpointing:
+    checkpointing = ds is not None and cfg.activation_checkpointing
+    if cfg.mode == "qlora":
+        from training.qlora import prepare_for_training
+
+        model = prepare_for_training(model, activation_checkpointing=checkpointing)
+    elif checkpointing:
         # Non-reentrant: works with frozen inputs (LoRA) and keeps the RNG state, so dropout recomputes alike.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if cfg.mode == "lora":
+    if cfg.mode in ADAPTER_MODES:
         from peft import LoraConfig, get_peft_model
 
         lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
                           target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
         model = get_peft_model(model, lora)
     return model
+
+
+def ds_precision(ds: dict | None) -> str:
+    """The precision a DeepSpeed config enables (fp32 when it enables none, or for a model built without one)."""
+    ds = ds or {}
+    for name in ("bf16", "fp16"):
+        if (ds.get(name) or {}).get("enabled"):
+            return name
+    return "fp32"
 
 
 def lr_lambda(cfg):

@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from mlops.errors import MLOpsError
+from training.config import ADAPTER_MODES
 from training.guards import TrainingStopped
 
 
@@ -28,15 +29,54 @@ def consolidated_state(ckpt: Path, zero_stage: int) -> dict:
     return state["module"]
 
 
-def build_final_model(base_path: str, t, seed: int, ckpt: Path, out: Path, *, max_context: int | None) -> Path:
-    """Write `out` as a complete HF folder (merged weights, tokenizer, chat template, deployment profile)."""
+# The dtype each serving engine is handed (the profile names the engine): `hf` loads float32 (it is the reference
+# the quantization gate measures against), `llamacpp` converts the folder to the profile's GGUF type (a float32
+# source loses nothing before that), `vllm` serves the dtype the run trained in (None: train.precision's).
+FINAL_DTYPES = {"hf": "float32", "llamacpp": "float32", "vllm": None}
+PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def final_dtype(engine: str, precision: str) -> str:
+    """The torch dtype name the final model is saved in for a profile's engine and the run's precision."""
+    return FINAL_DTYPES.get(engine, "float32") or PRECISION_DTYPES[precision]
+
+
+def base_for_final(base_path: str, t, seed: int, precision: str):
+    """The model the checkpoint's weights load into: LoRA and full as in training; QLoRA's 4-bit base
+    re-quantized as the run quantized it, dequantized to float32, under fresh adapters."""
+    from training.engine import build_model
+
+    if t.mode != "qlora":
+        return build_model(base_path, t, seed)
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from training.qlora import dequantized_base
+
+    model = dequantized_base(base_path, precision)
+    torch.manual_seed(seed)
+    lora = LoraConfig(r=t.lora.r, lora_alpha=t.lora.alpha, lora_dropout=t.lora.dropout,
+                      target_modules=list(t.lora.target_modules), task_type="CAUSAL_LM")
+    return get_peft_model(model, lora)
+
+
+def build_final_model(base_path: str, t, seed: int, ckpt: Path, out: Path, *, max_context: int | None,
+                      precision: str | None = None) -> Path:
+    """Write `out` as a complete HF folder (merged weights in the profile's dtype, tokenizer, chat template,
+    deployment profile). `precision` is the run's (default: the one its checkpoint recorded)."""
+    import torch
     from transformers import AutoTokenizer
 
     from mlops.profile import default_profile
-    from training.engine import build_model
+    from training.checkpoint import read_manifest
 
-    model = build_model(base_path, t, seed)
+    precision = precision or (read_manifest(ckpt) or {}).get("precision") or "fp32"
+    model = base_for_final(base_path, t, seed, precision)
     state = consolidated_state(ckpt, t.zero_stage)
+    if t.mode == "qlora":
+        from training.qlora import without_quant_state
+
+        state = without_quant_state(state)
     missing, unexpected = model.load_state_dict(state, strict=False)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     lost = sorted(trainable & set(missing))
@@ -45,8 +85,11 @@ def build_final_model(base_path: str, t, seed: int, ckpt: Path, out: Path, *, ma
             f"checkpoint {ckpt} does not match the model: missing {lost[:5]}, unexpected {list(unexpected)[:5]}. "
             "Fix: consolidate a checkpoint written by this config (same mode, LoRA settings and base model)."
         )
-    if t.mode == "lora":
-        model = model.merge_and_unload()
+    if t.mode in ADAPTER_MODES:
+        model = model.merge_and_unload()  # in float32: QLoRA's delta lands on the dequantized base unrounded
+    dtype = final_dtype(t.serve_engine, precision)
+    model = model.to(getattr(torch, dtype))
+    model.config.dtype = dtype
     model.config.use_cache = True
     staging = out.with_name(out.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
@@ -88,7 +131,8 @@ def finish(run):
         if ckpt is None:
             raise MLOpsError("no complete checkpoint to build the final model from. Fix: rerun the training.")
         model_dir = build_final_model(prep.base["path"], t, prep.cfg.run.seed, ckpt,
-                                      output_root(prep.cfg) / tracker.run_id / "hf", max_context=t.max_context)
+                                      output_root(prep.cfg) / tracker.run_id / "hf", max_context=t.max_context,
+                                      precision=prep.precision)
         profile = load_profile(model_dir)
         content_id = model_content_id(model_dir)  # once, here: every later stage reads it from the tags
         model_uri = tracker.log_hf_model(model_dir, metadata={**prep.lineage.as_tags(), str(Tag.MODEL_ID): content_id})

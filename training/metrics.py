@@ -124,8 +124,8 @@ def memory_plan(counts: ParamCounts, *, zero_stage: int, world: int, micro: int,
 
 
 def checkpoint_bytes(counts: ParamCounts, *, mode: str, zero_stage: int) -> int:
-    """Bytes one checkpoint takes on disk across all ranks (LoRA saves only trainable weights)."""
-    module = (counts.trainable if mode == "lora" else counts.total) * 4
+    """Bytes one checkpoint takes on disk across all ranks (LoRA and QLoRA save only trainable weights)."""
+    module = (counts.trainable if mode in ("lora", "qlora") else counts.total) * 4
     optim = counts.trainable * 4 * (2 if zero_stage == 0 else 3)
     return int(module + optim + 64 * 1024)
 

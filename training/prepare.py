@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlops.errors import ConfigError, MLOpsError
-from training.config import RESUME_NONE
+from training.config import ADAPTER_MODES, RESUME_NONE
 
 log = logging.getLogger(__name__)
 FINAL = "final.json"
@@ -124,9 +124,12 @@ def _check_plan(cfg, world_size: int, base_path: str, *, checked: bool) -> tuple
     exists when the device cannot run it; and the memory plan, refused when it does not fit (unless
     train.allow_unfit). Workers of a multi-process run (`checked=False`) trust their launcher's verdict."""
     from training import hardware
+    from training.consistency import check_mode_on_device
     from training.planner import refuse_unfit, resolve_precision
 
-    precision = resolve_precision(cfg.train.precision, hardware.local(measure=False))
+    local = hardware.local(measure=False)
+    precision = resolve_precision(cfg.train.precision, local)
+    check_mode_on_device(cfg.train, precision, "cuda" if local.gpu else "cpu")
     if not checked:
         return precision, None
     plan = refuse_unfit(cfg, world_size, base_path)
@@ -240,7 +243,7 @@ def estimate_counts(base_path: str, t):
                     mm += n
                     if any(key.endswith(f"{m}.weight") for m in t.lora.target_modules):
                         lora += t.lora.r * (shape[0] + shape[1])
-    if t.mode == "lora":
+    if t.mode in ADAPTER_MODES:
         return ParamCounts(total + lora, lora, lora, mm)
     return ParamCounts(total, total, mm, 0)
 

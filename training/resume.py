@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 
 from mlops.errors import ConfigError
+from training.config import ADAPTER_MODES
 
 LEDGER = "resume.json"
-# Dotted prefixes of the settings that define a training job. LoRA settings only count in LoRA mode.
+# Dotted prefixes of the settings that define a training job. LoRA settings only count in the adapter modes.
 IMMUTABLE = ("base_model", "run.seed", "train.snapshot", "train.mode", "train.lora", "train.zero_stage",
              "train.max_seq_len", "train.deepspeed.extra", "train.precision")
 # How a run is resumed, not what it is: never a change.
@@ -47,7 +48,8 @@ def diff(old: dict, new: dict) -> dict[str, tuple]:
 
 def _immutable(key: str, old_cfg: dict, new_cfg: dict) -> bool:
     if key.startswith("train.lora"):
-        return "lora" in (old_cfg.get("train", {}).get("mode"), new_cfg.get("train", {}).get("mode"))
+        modes = (old_cfg.get("train", {}).get("mode"), new_cfg.get("train", {}).get("mode"))
+        return any(mode in ADAPTER_MODES for mode in modes)
     return any(key == p or key.startswith(p + ".") for p in IMMUTABLE)
 
 
@@ -128,7 +130,7 @@ def load(run) -> dict:
             to_universal(prep.resume_from)
         dist.barrier()
         load_dir = prep.resume_from.parent / "universal"
-    path, state = run.engine.load_checkpoint(str(load_dir), tag=tag, load_module_strict=run.t.mode != "lora")
+    path, state = run.engine.load_checkpoint(str(load_dir), tag=tag, load_module_strict=run.t.mode not in ADAPTER_MODES)
     if path is None:
         raise MLOpsError(f"DeepSpeed could not load checkpoint {prep.resume_from}. Fix: set "
                          "train.checkpoint.resume=none to start over, or point it at another checkpoint.")

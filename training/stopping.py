@@ -184,7 +184,7 @@ def save_estimate(run) -> float:
     if measured:
         return measured
     plan, t = run.plan, run.t
-    params = plan["params_trainable"] if t.mode == "lora" else plan["params_total"]
+    params = plan["params_trainable"] if t.mode in ("lora", "qlora") else plan["params_total"]
     size = 4 * params + 4 * plan["params_trainable"] * (2 if t.zero_stage == 0 else 3)
     return 2 * size / 100e6
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from training.config import ADAPTER_MODES
 from training.guards import SpikeRule, TrainingStopped
 from training.prepare import Prepared, prepare
 from training.runs import Heartbeat, already_done, open_tracker
@@ -166,7 +167,7 @@ class _Run:
                   "code_version": lineage.code_version, "mode": self.t.mode, "smoke": self.prep.smoke,
                   "config": self.prep.cfg.model_dump(mode="json")}
         return Saver(self.prep.ckpt_dir, rank=self.world.rank, keep_last=self.t.checkpoint.keep_last,
-                     keep_every=self.t.checkpoint.keep_every, exclude_frozen=self.t.mode == "lora",
+                     keep_every=self.t.checkpoint.keep_every, exclude_frozen=self.t.mode in ADAPTER_MODES,
                      tracker=self.tracker, lineage=fields, kill_in_save_step=self.t.debug.kill_in_save_step)
 
     def _log_start(self, config: dict) -> None:
