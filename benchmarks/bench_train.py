@@ -462,6 +462,7 @@ def main() -> None:
     parser.add_argument("--smollm2-rows", default="basic",
                         help="SmolLM2's rows: basic (fp32 all six, bf16 ZeRO-0 and ZeRO-3 without checkpointing), "
                              "all, or a list like fp32-z0-off,bf16-z3-on")
+    parser.add_argument("--tiny-rows", default="all", help="the tiny model's rows (all, or a list as above)")
     parser.add_argument("--matrix-models", default="tiny,smollm2", help="models of the memory matrix")
     parser.add_argument("--rank-worker", help=argparse.SUPPRESS)  # one rank of a matrix row (torchrun starts it)
     args = parser.parse_args()
@@ -520,15 +521,16 @@ def matrix_models(args, base: list[str], snap: str, smol: dict | None) -> list:
     rank: its model state dominates). bf16 steps run ~10x slower than fp32 on this CPU (no AMX), so SmolLM2's
     bf16 rows are the two the ZeRO-3 ratio needs unless --smollm2-bf16 all."""
     models = set(args.matrix_models.split(","))
-    out = [("tiny", [*base, "train.grad_accum=1"], ALL_ROWS)] if "tiny" in models else []
+    out = [("tiny", [*base, "train.grad_accum=1"], parse_rows(args.tiny_rows))] if "tiny" in models else []
     if smol and "smollm2" in models:
         out.append(("SmolLM2-135M", [f"base_model={smol['path']}", f"train.snapshot={snap}", "train.mode=full",
                                      "train.micro_batch_size=1", "train.grad_accum=1", "train.lr=2e-5",
-                                     "train.warmup_steps=2", "train.progress=false"], smollm2_rows(args.smollm2_rows)))
+                                     "train.warmup_steps=2", "train.progress=false"], parse_rows(args.smollm2_rows)))
     return out
 
 
-def smollm2_rows(spec: str) -> list[tuple[str, int, bool]]:
+def parse_rows(spec: str) -> list[tuple[str, int, bool]]:
+    """Rows from their names: all, basic (SmolLM2's default) or a list like fp32-z0-off,bf16-z3-on."""
     if spec == "all":
         return ALL_ROWS
     if spec == "basic":
