@@ -36,8 +36,9 @@ def cluster():
         assert c.wait_gone() == [], "the test cluster left processes behind"
 
 
-# (index of an original, index its near duplicate is inserted at); chunks are 128 records (build.CLEAN_CHUNK).
+# (index of an original, index its near duplicate is inserted at): in other partitions (PARTITION_BYTES below).
 PLANTED = [(3, 140), (40, 200), (100, 270)]
+PARTITION_BYTES = 16384  # ~50 records: each source is cut into several partitions, each its own task
 
 
 def resent(messages: list[dict]) -> list[dict]:
@@ -47,8 +48,8 @@ def resent(messages: list[dict]) -> list[dict]:
 
 
 def corpus() -> list:
-    """~300 records over three 128-record chunks, each chunk its own Ray task: near duplicates planted in other
-    chunks than their originals, PII, an eval leak, a filtered record, rows that are not records."""
+    """~300 records over several partitions, each its own Ray task: near duplicates planted in other partitions
+    than their originals, PII, an eval leak, a filtered record, rows that are not records."""
     records = [{**row, "domain": "domain" if i % 3 else "general"} for i, row in enumerate(conversations(290, seed=5))]
     for original, at in PLANTED:  # the original in chunk 0, its resent copy in chunk 1 or 2
         records.insert(at, {**records[original], "messages": resent(records[original]["messages"])})
@@ -84,6 +85,8 @@ def contents(result) -> dict:
     files = {p.relative_to(result.path).as_posix(): p.read_bytes() for p in sorted(result.path.rglob("*"))
              if p.is_file() and p.name != "manifest.json"}
     manifest = {k: v for k, v in result.manifest.items() if k not in TIMING}
+    # The checkout's commit: others commit to a shared checkout while a module's builds run.
+    manifest["pipeline"] = {k: v for k, v in manifest["pipeline"].items() if k not in ("git_commit", "git_dirty")}
     manifest["config"] = {k: v for k, v in manifest["config"].items() if k not in EXECUTION}
     return {"id": result.snapshot_id, "files": files, "manifest": manifest}
 
@@ -94,6 +97,7 @@ def work(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ray-build")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLOPS_HOME", str(folder))
+        mp.setattr("mlops.data.partitions.PARTITION_BYTES", PARTITION_BYTES)  # the driver plans the cuts
         yield folder
 
 
@@ -146,23 +150,26 @@ def test_a_two_node_ray_build_is_the_local_snapshot_byte_for_byte(two_nodes, loc
 
 
 def test_near_duplicates_in_other_partitions_than_their_originals_are_found(two_nodes):
-    """Signatures are computed in whichever task holds the record; the driver's one LSH index sees them all in
-    record order, so a pair split across tasks (and nodes) is proposed and confirmed by its Jaccard as locally."""
+    """Signatures are computed in whichever task holds the record; the band tasks see every partition's band
+    hashes, so a pair split across tasks (and nodes) is proposed and confirmed by its Jaccard as locally."""
+    from mlops.data.partitions import plan_partitions
     from mlops.data.records import record_id
 
     result, _ = two_nodes
+    source = result.manifest["sources"][0]
+    cuts = [p.first_line for p in plan_partitions([{**source, "path": Path(source["name"])}], PARTITION_BYTES)]
     lines = [json.loads(x) for x in (result.path / "quarantine" / "records.jsonl").read_text().splitlines()]
     near = {r["line"]: r for r in lines if r["reason"] == "near"}
     rows = corpus()
     for original, at in PLANTED:
-        assert at // 128 != original // 128  # they were cleaned in different tasks
+        assert sum(c <= original + 1 for c in cuts) < sum(c <= at + 1 for c in cuts)  # in different partitions
         assert at + 1 in near, f"the near duplicate at line {at + 1} was kept"
         assert near[at + 1]["duplicate_of"] == record_id("chat", rows[original]["messages"])
         assert 0.7 <= near[at + 1]["similarity"] < 1
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", ["clean_chunk", "check_batch"])
+@pytest.mark.parametrize("stage", ["clean_partition", "band_task", "check_batch"])
 def test_a_worker_killed_mid_build_is_retried_and_the_snapshot_is_unchanged(cluster, local, tiny_model, monkeypatch,
                                                                               stage):
     from mlops.data.ray_executor import KILL_ONCE_ENV
