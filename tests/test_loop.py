@@ -290,3 +290,48 @@ def test_the_launcher_runs_the_train_entry_point_on_the_new_snapshot_once(monkey
     trained["snap-next"] = "run-train-1"
     again = launch(inputs(production="4"), {"snapshot_id": "snap-next"})
     assert again["launched"] is False and len(calls) == 1 and "already trained" in again["why"]
+
+
+@pytest.mark.slow
+def test_mlops_loop_check_opens_round_3_like_the_demo(mlops_home, tiny_model, tmp_path):
+    """The demo's step 11 in miniature, through the real CLI in its own process: a recorded policy that opens a
+    round at 2 accepted records, production v1 trained on a real snapshot, a reviewed increment; the command
+    builds the next snapshot with v1's snapshot as history and leaves the registry as it was."""
+    import os
+    import subprocess
+    import sys
+
+    from mlops.data.sample import Gen
+    from mlops.data.testing import quick_build
+    from mlops.tracking import MlflowTracker, init_experiment
+    from registry.audit import model_state
+    from registry.release import register
+    from registry.testing import data_run, make_identities, release_version, training_run
+
+    history_records = [Gen(1).support() for _ in range(40)]
+    history = quick_build(history_records, base_model=tiny_model["path"], workdir=tmp_path, name="old.jsonl")
+    (mlops_home / "configs" / "registry").mkdir(parents=True)
+    (mlops_home / "configs" / "registry" / "release.yaml").write_text("registry:\n  loop: {min_increment: 2}\n")
+    init_experiment("registry-test")
+    who = make_identities()
+    built_by = data_run("registry-test", history.snapshot_id)
+    run_id = training_run(Path(tiny_model["path"]), tmp=tmp_path, variant=1, data_run_id=built_by)
+    MlflowTracker.existing(run_id).set_tags({"mlops.data_snapshot_id": history.snapshot_id})
+    register(who["tina"], run_id, "bot")
+    release_version(who, "bot", "1")
+    before = model_state("bot")
+    folder = _increment(tmp_path / "round3", [Gen(2).support() for _ in range(4)], accepted=3)
+    config = tmp_path / "data.yaml"
+    config.write_text(yaml.safe_dump({"base_model": str(tiny_model["path"]), "run": {"experiment": "loop"},
+                                      "data": {"sources": [{"path": "replaced.jsonl"}], "batch_size": 16,
+                                               "seq_len": 256, "workers": 1, "validation_fraction": 0.1,
+                                               "min_records": 1}}))
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]}
+    done = subprocess.run(["mlops", "loop", "check", "bot", "--increment", str(folder), "--config", str(config),
+                           "--json"], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
+    result = json.loads(done.stdout)
+    assert result["decision"] == "open" and result["inputs"]["history_snapshot"] == history.snapshot_id
+    assert result["snapshot"]["records"] == 3 and result["snapshot"]["history"] == history.snapshot_id
+    after = model_state("bot")
+    assert after.aliases == before.aliases and after.last_seq == before.last_seq  # nothing promoted, nothing ledgered
