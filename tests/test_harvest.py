@@ -49,7 +49,7 @@ def write_rows(folder: Path, rows: list[dict]) -> None:
 
 
 @pytest.fixture
-def served(mlops_home):
+def served(traced_home):
     """Requests with every kind of feedback: corrections, bare thumbs-down, thumbs-up, old, and on a shadow."""
     now = time.time()
     records = support(6, seed=3)

@@ -11,7 +11,7 @@ def _served(request_id: str, version: str, ts: float, *, status: int = 200, role
                          "hello", status=status, role=role, ts=ts)
 
 
-def test_serving_switches_are_the_first_answer_of_each_version_users_got(mlops_home):
+def test_serving_switches_are_the_first_answer_of_each_version_users_got(traced_home):
     from mlops.requestlog import write_requests
     from registry.report import serving_switches
 

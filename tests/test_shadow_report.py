@@ -36,7 +36,7 @@ def _log_pairs() -> None:
     write_feedback(Feedback("u2", -1, correction="It ships on Tuesday"))
 
 
-def test_shadow_evidence_compares_the_candidate_with_what_users_got(mlops_home):
+def test_shadow_evidence_compares_the_candidate_with_what_users_got(traced_home):
     from evaluation.shadow import shadow_evidence
 
     _log_pairs()
@@ -76,11 +76,11 @@ def test_refusal_detector_and_since_parsing():
         parse_since("yesterday")
 
 
-def test_shadow_report_cli_prints_json_and_names_unknown_scorers(mlops_home):
+def test_shadow_report_cli_prints_json_and_names_unknown_scorers(traced_home):
     from evaluation.shadow import shadow_evidence
 
     _log_pairs()
-    env = {**os.environ, "MLOPS_HOME": str(mlops_home)}
+    env = {**os.environ, "MLOPS_HOME": str(traced_home)}
     out = subprocess.run([sys.executable, "-m", "mlops", "shadow", "report", "bot", "2", "--json", "--scorer",
                           "reference_overlap"], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
