@@ -145,7 +145,10 @@ def test_local_builds_at_one_two_three_workers_and_ray_give_one_snapshot_with_ev
     against = {"against_snapshots": [history.snapshot_id]}
     whole = _build(tiny_model, folder, sources, "snapshots", workers=1, dedup=against)  # one partition per file
     monkeypatch.setattr(partitions, "PARTITION_BYTES", SMALL_PARTS)
-    assert len(plan_partitions([{"path": sources[0], "format": "jsonl"}])) >= 4
+    from mlops.data.format import file_sha256
+
+    chats = {"name": "chats", "path": sources[0], "format": "jsonl", "sha256": file_sha256(sources[0])}
+    assert len(plan_partitions([chats])) >= 4  # the chats are cut into several partitions
     results = [whole] + [_build(tiny_model, folder, sources, f"w{w}", workers=w, dedup=against) for w in (2, 3)]
     results.append(_build(tiny_model, folder, sources, "ray", executor="ray", workers=2, dedup=against))
     assert len({r.snapshot_id for r in results}) == 1

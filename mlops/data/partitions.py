@@ -55,8 +55,14 @@ def plan_partitions(sources: list[dict], part_bytes: int | None = None) -> list[
         if src["format"] != "jsonl" or path.stat().st_size <= size or _is_json_array(path):
             out.append(Partition(len(out), src))
             continue
-        for start, end, line, digest in _cuts(path, size):
+        whole = hashlib.sha256()
+        for start, end, line, digest in _cuts(path, size, whole):
             out.append(Partition(len(out), src, start, end, line, digest))
+        if whole.hexdigest() != src["sha256"]:  # changed since the build hashed it: the ranges would not match
+            raise SourceChangedError(
+                f"source '{src['name']}' changed after the build hashed it (it was {src['sha256'][:12]}). Fix: do "
+                "not write to a source during a build; copy it to a stable location and build again."
+            )
     return out
 
 
@@ -67,7 +73,7 @@ def _is_json_array(path: Path) -> bool:
         return fh.read(4096).removeprefix(BOM).lstrip().startswith(b"[")
 
 
-def _cuts(path: Path, size: int) -> Iterator[tuple[int, int, int, str]]:
+def _cuts(path: Path, size: int, whole) -> Iterator[tuple[int, int, int, str]]:
     """(start, end, first line, sha256) per range: each cut is just after the first newline past a multiple of size."""
     total = path.stat().st_size
     with path.open("rb") as fh:
@@ -83,6 +89,7 @@ def _cuts(path: Path, size: int) -> Iterator[tuple[int, int, int, str]]:
             while left > 0:
                 block = fh.read(min(SCAN_BLOCK, left))
                 digest.update(block)
+                whole.update(block)
                 newlines += block.count(b"\n")
                 left -= len(block)
             yield start, end, line, digest.hexdigest()
