@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from mlops.errors import MLOpsError
 
@@ -40,11 +41,20 @@ def migrate(source: str | None = None, url: str | None = None) -> dict:
     """Copy the tables at `source` into traces at `url` (the request log's store), verify, drop; returns counts."""
     import sqlalchemy as sa
 
-    engine = sa.create_engine(legacy_url(source))
+    nothing = {"requests": 0, "already_traced": 0, "feedback": 0, "orphaned_feedback": 0, "dropped": []}
+    url_from = legacy_url(source)
+    if url_from.startswith("sqlite:///") and not Path(url_from.removeprefix("sqlite:///")).exists():
+        return nothing  # no database, so no tables to move
+    engine = sa.create_engine(url_from)
     try:
-        present = set(sa.inspect(engine).get_table_names()) & set(LEGACY_TABLES)
+        try:
+            present = set(sa.inspect(engine).get_table_names()) & set(LEGACY_TABLES)
+        except sa.exc.OperationalError as err:
+            raise MigrationError(f"--from {url_from}: the old tables' database could not be opened "
+                                 f"({str(err).splitlines()[0][:200]}). Fix: name a reachable database with --from "
+                                 "(or MLOPS_REGISTRY_DB).") from None
         if not present:
-            return {"requests": 0, "already_traced": 0, "feedback": 0, "orphaned_feedback": 0, "dropped": []}
+            return nothing
         meta = sa.MetaData()
         tables = {name: sa.Table(name, meta, autoload_with=engine) for name in present}
         counts = {"requests": 0, "already_traced": 0, "feedback": 0, "orphaned_feedback": 0}
