@@ -5,6 +5,7 @@ still dropped."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +132,9 @@ def _build(tiny_model, folder: Path, sources: list[Path], out: str, **data):
     from mlops.tracking import MemoryTracker
 
     data.setdefault("on_bad_record", "skip")
+    for sid in data.get("dedup", {}).get("against_snapshots", []):  # each build's own root holds the history
+        if not (folder / out / sid).exists():
+            shutil.copytree(folder / "snapshots" / sid, folder / out / sid)
     cfg = quick_config(sources, tiny_model["path"], output_dir=str(folder / out), **data)
     return build_snapshot(cfg, MemoryTracker())
 
