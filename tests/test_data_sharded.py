@@ -119,7 +119,9 @@ def sample_sources(tmp_path_factory):
     chats = chats_path.read_bytes().split(b"\n")[:700]
     chats_path.write_bytes(b"\n".join(chats) + b"\n")
     articles = [json.loads(x) for x in (folder / "sample" / "kb_articles.jsonl").read_text().splitlines()]
-    originals = [json.loads(x) for x in chats[:12] if x.startswith(b'{"messages"')][:4]
+    rows = [json.loads(x) for x in chats[:60] if x.startswith(b'{"messages"')]
+    # Long enough that the sign-off keeps the Jaccard above 0.7 (a ten-word chat plus four words would not be).
+    originals = [r for r in rows if len(" ".join(m["content"] for m in r["messages"]).split()) >= 40][:4]
     planted = write_jsonl(folder / "planted.jsonl", [_near(r) for r in originals] + [_near(a) for a in articles[:3]])
     sources = [chats_path, folder / "sample" / "instructions.parquet", folder / "sample" / "legacy_export.csv",
                folder / "sample" / "kb_articles.jsonl", planted]
