@@ -146,8 +146,8 @@ class DedupConfig(StrictModel):
     num_perm: int = Field(128, ge=16, le=1024, description="MinHash permutations")
     shingle: int = Field(3, ge=1, description="word n-gram size of the MinHash shingles")
     index: Literal["disk", "memory"] = volatile(
-        "disk", description="where the dedup indexes live: disk (SQLite, flat memory) or memory (datasketch "
-        "MinHashLSH); both keep the same records"
+        "disk", description="no longer used (kept so older configs load): since pipeline 2 the build's dedup is "
+        "sharded by band on the workers' disks (mlops.data.lsh)"
     )
     against_snapshots: list[str] = Field(
         default_factory=list, description="earlier snapshot ids whose records count as already seen"
