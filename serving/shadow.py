@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import queue
+import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -48,8 +49,11 @@ class ShadowRunner:
     """Answers sampled requests on `slot` (the candidate) in the background; see the module docstring."""
 
     def __init__(self, slot, *, share: float, queue_size: int = 16, timeout: float = 120.0,
-                 idle_ms: float = 50.0) -> None:
+                 idle_ms: float = 50.0, salt: str | None = None) -> None:
         self.slot = slot  # serving.slot.ModelSlot holding the candidate
+        # A secret per server: with a known salt a client could pick request ids that are (or are never) shadowed
+        # and so steer which of its requests become the candidate's shadow evidence.
+        self.salt = salt or secrets.token_hex(16)
         self.share, self.timeout, self.idle_s = share, timeout, idle_ms / 1000
         self._last_busy = 0.0
         self.counts: dict[str, int] = {}
@@ -76,7 +80,7 @@ class ShadowRunner:
 
     def offer(self, request_id: str, route: str, body: bytes) -> bool:
         """Maybe shadow this answered request; never blocks. True when it was queued."""
-        if self._stop.is_set() or self.slot.current is None or not sampled(request_id, self.share, "shadow"):
+        if self._stop.is_set() or self.slot.current is None or not sampled(request_id, self.share, self.salt):
             return False  # stopping, no candidate loaded yet, or not in the sampled share
         with self._lock:  # counted before it is queued: `wait_idle` must never see a taken offer as none
             self._outstanding += 1

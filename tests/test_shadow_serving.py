@@ -180,8 +180,14 @@ def test_the_shadowed_share_is_the_sampled_request_ids(engines, traced_home, tin
                                headers={"X-Request-ID": rid}).status_code == 200
         assert runner.wait_idle(60) and writer.flush(30)
     shadowed = sorted(r["parent_id"] for r in read_requests(role="shadow"))
-    expected = sorted(rid for rid in ids if sampled(rid, 0.3, "shadow"))
+    expected = sorted(rid for rid in ids if sampled(rid, 0.3, runner.salt))
     assert shadowed == expected and 3 <= len(expected) <= 18
+    from serving.shadow import ShadowRunner
+    from serving.slot import ModelSlot
+
+    other = ShadowRunner(ModelSlot("bot#other"), share=0.3)  # another server's secret salt picks another subset
+    assert other.salt != runner.salt and [sampled(r, 0.3, other.salt) for r in ids] != [sampled(r, 0.3, runner.salt)
+                                                                                          for r in ids]
 
 
 def test_serve_refuses_a_shadow_without_a_share_or_without_a_request_log(mlops_home, tiny_model):
