@@ -111,6 +111,27 @@ def model_cache() -> Path:
     return Path(os.environ.get("MLOPS_TEST_CACHE", REPO / ".mlops" / "test-cache")) / "models"
 
 
+@pytest.fixture
+def train_snapshot(mlops_home) -> str:
+    """A small tokenized snapshot of the tiny model's tokenizer in this test's home."""
+    from training.testing import make_snapshot
+
+    return make_snapshot()
+
+
+@pytest.fixture
+def make_train_cfg(train_snapshot, tiny_model, tmp_path):
+    """`build(ckpt="a", **overrides)`: a fast tiny-model training config whose checkpoints go to tmp_path/ckpt."""
+    from mlops.config import load_config
+    from training.testing import tiny_overrides
+
+    def build(ckpt: str = "a", **extra):
+        extra.setdefault("train.checkpoint.dir", str(tmp_path / ckpt))
+        return load_config(None, tiny_overrides(train_snapshot, base_model=tiny_model["path"], **extra))
+
+    return build
+
+
 @pytest.fixture(scope="session")
 def tiny_model(model_cache) -> dict:
     """The `tiny` base model catalog entry: {'name', 'id', 'path'}."""

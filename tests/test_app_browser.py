@@ -7,8 +7,10 @@ go to .mlops/test-artifacts/ (or $MLOPS_TEST_ARTIFACTS).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -50,34 +52,45 @@ def stop(proc: subprocess.Popen, timeout: float = 30) -> None:
         proc.kill()
 
 
-@pytest.fixture
-def app_server(app_store, tmp_path):
-    """`python -m app` on the seeded store; yields its URL; stopped (with its Streamlit child) afterwards."""
-    require_chromium()
-    with __import__("socket").socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    log = (tmp_path / "app.log").open("w")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MLOPS_HOME": str(app_store)}
-    proc = subprocess.Popen([sys.executable, "-m", "app", "--port", str(port)], cwd=app_store, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+@contextlib.contextmanager
+def running(cmd: list[str], url: str, health: str, log_path: Path, what: str, timeout: float = 120, **popen):
+    """Start `cmd`, wait until `url + health` answers 200, yield; stopped afterwards (its log at `log_path`)."""
+    log = log_path.open("w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, **popen)
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + timeout
         while True:
             try:
-                with urllib.request.urlopen(url + "/_stcore/health", timeout=2) as resp:
+                with urllib.request.urlopen(url + health, timeout=2) as resp:
                     if resp.status == 200:
                         break
             except OSError:
                 pass
             if proc.poll() is not None or time.time() > deadline:
-                pytest.fail(f"the app did not start: {(tmp_path / 'app.log').read_text()[-3000:]}")
+                pytest.fail(f"{what} did not start: {log_path.read_text()[-3000:]}")
             time.sleep(0.5)
-        yield url
+        yield proc
     finally:
         stop(proc)
         log.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def app_server(app_store, tmp_path):
+    """`python -m app` on the seeded store; yields its URL; stopped (with its Streamlit child) afterwards."""
+    require_chromium()
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MLOPS_HOME": str(app_store)}
+    url = f"http://127.0.0.1:{port}"
+    with running([sys.executable, "-m", "app", "--port", str(port)], url, "/_stcore/health", tmp_path / "app.log",
+                 "the app", cwd=app_store, env=env):
+        yield url
     printed = (tmp_path / "app.log").read_text()
     assert f"Release-approval app: {url}" in printed  # `mlops app` says where it is
     assert "Traceback" not in printed

@@ -4,23 +4,13 @@ $MLOPS_TEST_ARTIFACTS)."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 
-from tests.test_app_browser import CHROMIUM, WAIT_MS, artifacts_dir, require_chromium, stop
+from tests.test_app_browser import CHROMIUM, WAIT_MS, artifacts_dir, free_port, require_chromium, running
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _answer_and_rate(tiny_model, tmp_path) -> str:
@@ -56,28 +46,12 @@ def mlflow_ui(traced_home, tmp_path):
     require_chromium()
     from mlops.tracking import tracking_uri
 
-    port = _free_port()
-    log = (tmp_path / "mlflow-ui.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri(),
-                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            stdout=log, stderr=subprocess.STDOUT)
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                pytest.fail(f"mlflow server did not start: {(tmp_path / 'mlflow-ui.log').read_text()[-3000:]}")
-            time.sleep(0.5)
+    with running([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri(), "--host",
+                  "127.0.0.1", "--port", str(port), "--workers", "1"], url, "/health", tmp_path / "mlflow-ui.log",
+                 "mlflow server", timeout=180):
         yield url
-    finally:
-        stop(proc)
-        log.close()
 
 
 def test_a_served_answer_shows_in_the_mlflow_traces_tab_with_its_version_and_feedback(traced_home, tiny_model,

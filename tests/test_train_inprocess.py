@@ -4,26 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from mlops.config import load_config
 from mlops.lineage import Tag
 from mlops.tracking import MemoryTracker
 from training.checkpoint import MANIFEST, list_tags, read_manifest
 from training.drill import compare, read_trace
-from training.testing import make_snapshot, tiny_overrides
 
 
 @pytest.fixture
-def snapshot(mlops_home):
-    return make_snapshot()
-
-
-@pytest.fixture
-def make_cfg(snapshot, tiny_model, tmp_path):
-    def build(ckpt: str = "a", **extra):
-        extra.setdefault("train.checkpoint.dir", str(tmp_path / ckpt))
-        return load_config(None, tiny_overrides(snapshot, base_model=tiny_model["path"], **extra))
-
-    return build
+def make_cfg(make_train_cfg):
+    return make_train_cfg
 
 
 def run(cfg, tracker=None, **kwargs):

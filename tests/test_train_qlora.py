@@ -12,24 +12,14 @@ from mlops.errors import ConfigError
 from mlops.lineage import Tag
 from mlops.tracking import MemoryTracker
 from training.drill import compare, read_trace
-from training.testing import make_snapshot, tiny_overrides
 
 QLORA = {"train.mode": "qlora", "train.lora.target_modules": '["q_proj","k_proj","v_proj","o_proj","gate_proj",'
                                                               '"up_proj","down_proj"]'}
 
 
 @pytest.fixture
-def snapshot(mlops_home):
-    return make_snapshot()
-
-
-@pytest.fixture
-def make_cfg(snapshot, tiny_model, tmp_path):
-    def build(ckpt: str = "a", **extra):
-        extra.setdefault("train.checkpoint.dir", str(tmp_path / ckpt))
-        return load_config(None, tiny_overrides(snapshot, base_model=tiny_model["path"], **{**QLORA, **extra}))
-
-    return build
+def make_cfg(make_train_cfg):
+    return lambda ckpt="a", **extra: make_train_cfg(ckpt, **{**QLORA, **extra})
 
 
 def run(cfg, **kwargs):

@@ -17,22 +17,12 @@ from mlops.lineage import Tag
 from mlops.tracking import MemoryTracker
 from training.checkpoint import list_tags, read_manifest, tag_for, verify
 from training.drill import compare, read_trace
-from training.testing import make_snapshot, tiny_overrides
+from training.testing import tiny_overrides
 
 
 @pytest.fixture
-def snapshot(mlops_home):
-    return make_snapshot()
-
-
-@pytest.fixture
-def make_cfg(snapshot, tiny_model, tmp_path):
-    def build(ckpt: str = "a", **extra):
-        extra.setdefault("train.checkpoint.dir", str(tmp_path / ckpt))
-        extra.setdefault("train.final_model", False)
-        return load_config(None, tiny_overrides(snapshot, base_model=tiny_model["path"], **extra))
-
-    return build
+def make_cfg(make_train_cfg):
+    return lambda ckpt="a", **extra: make_train_cfg(ckpt, **{"train.final_model": False, **extra})
 
 
 def run(cfg, tracker=None, **kwargs):
@@ -168,11 +158,11 @@ def test_changing_what_defines_the_job_is_refused_with_a_diff(make_cfg, tmp_path
     assert [s for s, _ in list_tags(tmp_path / "mode")] == [2]  # nothing written by the refused run
 
 
-def test_another_world_size_under_zero0_cannot_silently_change_the_global_batch(snapshot, tiny_model, tmp_path):
+def test_another_world_size_under_zero0_cannot_silently_change_the_global_batch(train_snapshot, tiny_model, tmp_path):
     from training.prepare import prepare
 
     def cfg(**extra):
-        return load_config(None, tiny_overrides(snapshot, base_model=tiny_model["path"], **{
+        return load_config(None, tiny_overrides(train_snapshot, base_model=tiny_model["path"], **{
             "train.checkpoint.dir": str(tmp_path / "ws"), **extra}))
 
     from training.trainer import train
