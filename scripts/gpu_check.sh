@@ -54,7 +54,7 @@ ok = result["status"] == "FINISHED" and 0.8 <= ratio <= 1.25
 from training.hardware import TABLE, local
 
 # MFU as `mlops train plan` counts it: all ranks' tokens/s x FLOPs per token over the table's peak of every
-# device in this precision (the run's own `mfu` metric divides by one device's measured fp32 matmul rate).
+# device in this precision (the run's own `mfu` metric divides by every rank's measured fp32 matmul rate).
 hw, precision = local(measure=False), run.data.tags.get("mlops.precision", "bf16")
 fpt = float(p.get("plan.flops_per_token", "nan"))
 table_mfu = m.get("tokens_per_s", float("nan")) * fpt / (hw.peak(precision) * gpus) if hw.name in TABLE else float("nan")

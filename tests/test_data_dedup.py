@@ -12,14 +12,8 @@ from mlops.data.config import DecontamConfig
 from mlops.data.decontam import EvalIndex, resolve_eval_sets
 from mlops.data.dedup import ExactIndex, Keys, NearIndex, exact_hash, load_prior, save_index, signature
 from mlops.data.mixing import history_take, interleave, plan_mix, select
+from mlops.data.testing import BASE, DIFFERENT, SIMILAR
 from mlops.errors import ConfigError
-
-BASE = ("My router lights blink orange since the storm on Monday and the internet drops every evening "
-        "around eight, I already restarted it twice and checked the cables behind the TV.")
-SIMILAR = ("My router lights blink orange since the storm on Monday and the internet drops every evening "
-           "around eight, I already restarted it two times and checked the cables behind the TV.")
-DIFFERENT = ("I was charged twice for my March invoice and the promised discount is missing, please refund "
-             "the duplicate charge to the card ending in the same digits as last time.")
 
 
 def test_exact_dedup_matches_normalised_text_only():

@@ -16,13 +16,7 @@ from mlops.data.dedup import exact_hash, signature
 from mlops.data.lsh import dedup_texts
 from mlops.data.partitions import plan_partitions, read_partition
 from mlops.data.records import read_source
-
-BASE = ("My router lights blink orange since the storm on Monday and the internet drops every evening "
-        "around eight, I already restarted it twice and checked the cables behind the TV.")
-SIMILAR = ("My router lights blink orange since the storm on Monday and the internet drops every evening "
-           "around eight, I already restarted it two times and checked the cables behind the TV.")
-DIFFERENT = ("I was charged twice for my March invoice and the promised discount is missing, please refund "
-             "the duplicate charge to the card ending in the same digits as last time.")
+from mlops.data.testing import BASE, DIFFERENT, SIMILAR
 
 
 def test_dedup_texts_keeps_the_first_text_of_each_cluster_and_names_it():

@@ -9,7 +9,8 @@ from mlops.config import load_config
 from mlops.errors import ConfigError
 from mlops.lineage import Tag
 from mlops.tracking import MemoryTracker
-from training.drill import compare, read_trace
+from training.drill import read_trace
+from training.testing import check_bitwise_resume
 
 
 @pytest.fixture
@@ -92,17 +93,8 @@ def test_bf16_zero3_trains_and_gathers_one_hf_folder(make_cfg):
      "train.activation_checkpointing": True},
 ])
 def test_each_lever_resumes_bitwise_after_a_crash(make_cfg, tmp_path, combo):
-    from training.trainer import SimulatedCrash
-
     common = {**combo, "train.final_model": False}
-    reference, _ = run(make_cfg("ref", **common))
-    with pytest.raises(SimulatedCrash):
-        run(make_cfg("cut", **common, **{"train.debug.crash_after_step": 5}))
-    resumed, tracker = run(make_cfg("cut", **common))
-    assert tracker.tags[Tag.RESUMED_FROM].endswith("step-00000004")
-    step, detail = compare(read_trace(tmp_path / "ref" / "trace.jsonl"), read_trace(tmp_path / "cut" / "trace.jsonl"), 8)
-    assert step is None, detail
-    assert resumed.metrics["val_loss"] == reference.metrics["val_loss"]
+    check_bitwise_resume(make_cfg, tmp_path, **common)
 
 
 def test_precision_cannot_change_within_a_training(make_cfg):

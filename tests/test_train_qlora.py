@@ -11,7 +11,8 @@ from mlops.config import load_config
 from mlops.errors import ConfigError
 from mlops.lineage import Tag
 from mlops.tracking import MemoryTracker
-from training.drill import compare, read_trace
+from training.drill import read_trace
+from training.testing import check_bitwise_resume
 
 QLORA = {"train.mode": "qlora", "train.lora.target_modules": '["q_proj","k_proj","v_proj","o_proj","gate_proj",'
                                                               '"up_proj","down_proj"]'}
@@ -116,17 +117,8 @@ def test_qlora_in_fp16_on_cpu_is_refused_naming_the_precision_that_runs(make_cfg
     {"train.zero_stage": 3, "train.offload": "optimizer_and_params"},
 ])
 def test_qlora_resumes_bitwise_after_a_kill(make_cfg, tmp_path, combo):
-    from training.trainer import SimulatedCrash
-
     common = {**combo, "train.final_model": False}
-    reference, _ = run(make_cfg("ref", **common))
-    with pytest.raises(SimulatedCrash):
-        run(make_cfg("cut", **common, **{"train.debug.crash_after_step": 5}))
-    resumed, tracker = run(make_cfg("cut", **common))
-    assert tracker.tags[Tag.RESUMED_FROM].endswith("step-00000004")
-    step, detail = compare(read_trace(tmp_path / "ref" / "trace.jsonl"), read_trace(tmp_path / "cut" / "trace.jsonl"), 8)
-    assert step is None, detail
-    assert resumed.metrics["val_loss"] == reference.metrics["val_loss"]
+    check_bitwise_resume(make_cfg, tmp_path, **common)
 
 
 @pytest.mark.slow

@@ -24,3 +24,32 @@ def tiny_overrides(snapshot_id: str, **extra) -> list[str]:
     }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
+
+
+def run_tiny(cfg, **kwargs):
+    """`training.trainer.train` with an in-memory tracker: (result, tracker)."""
+    from mlops.tracking import MemoryTracker
+    from training.trainer import train
+
+    tracker = MemoryTracker()
+    return train(cfg, tracker, **kwargs), tracker
+
+
+def check_bitwise_resume(make_cfg, folder, **common) -> None:
+    """A run killed after step 5 and resumed matches an uninterrupted one bitwise, step by step (8 steps)."""
+    from mlops.lineage import Tag
+    from training.drill import compare, read_trace
+    from training.trainer import SimulatedCrash
+
+    reference, _ = run_tiny(make_cfg("ref", **common))
+    try:
+        run_tiny(make_cfg("cut", **common, **{"train.debug.crash_after_step": 5}))
+    except SimulatedCrash:
+        pass
+    else:
+        raise AssertionError("the run meant to crash after step 5 finished")
+    resumed, tracker = run_tiny(make_cfg("cut", **common))
+    assert tracker.tags[Tag.RESUMED_FROM].endswith("step-00000004")
+    step, detail = compare(read_trace(folder / "ref" / "trace.jsonl"), read_trace(folder / "cut" / "trace.jsonl"), 8)
+    assert step is None, detail
+    assert resumed.metrics["val_loss"] == reference.metrics["val_loss"]

@@ -251,8 +251,9 @@ class _Run:
                     dynamic_ncols=True)
 
     def _flush(self, window, bar) -> None:
-        metrics = window.flush(flops_per_token=self.plan["flops_per_token"], peak_flops=self.plan["peak_flops"],
-                               device=self.world.device)
+        # The window's tokens are every rank's (all-reduced), so MFU is over every rank's device, not one.
+        metrics = window.flush(flops_per_token=self.plan["flops_per_token"],
+                               peak_flops=self.plan["peak_flops"] * self.world.size, device=self.world.device)
         if metrics:
             metrics["tokens_seen"] = float(self.tokens_seen)
             self.last_metrics = metrics

@@ -14,6 +14,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+# Two near duplicates (one word changed) and an unrelated text, for dedup tests.
+BASE = ("My router lights blink orange since the storm on Monday and the internet drops every evening "
+        "around eight, I already restarted it twice and checked the cables behind the TV.")
+SIMILAR = ("My router lights blink orange since the storm on Monday and the internet drops every evening "
+           "around eight, I already restarted it two times and checked the cables behind the TV.")
+DIFFERENT = ("I was charged twice for my March invoice and the promised discount is missing, please refund "
+             "the duplicate charge to the card ending in the same digits as last time.")
+
 
 def chat(user: str, assistant: str, domain: str = "general", system: str | None = None) -> dict:
     messages = [{"role": "system", "content": system}] if system else []
