@@ -46,7 +46,7 @@ TEST_WORKERS ?= 2
 PYTEST_XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: install
-	$(BIN)/python -m pytest $(PYTEST_SELECT) $(PYTEST_XDIST) -q
+	$(BIN)/python -m pytest $(PYTEST_SELECT) $(PYTEST_XDIST) -q --durations=25
 
 test-all: install
 	$(BIN)/python -m pytest $(PYTEST_XDIST) -q

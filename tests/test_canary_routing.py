@@ -12,7 +12,7 @@ import pytest
 from serving.testing import canary_start, canary_stop
 
 
-@pytest.mark.parametrize("engine", ["hf", "llamacpp"])
+@pytest.mark.parametrize("engine", ["hf", pytest.param("llamacpp", marks=pytest.mark.slow)])  # llamacpp: CI
 def test_canary_takes_its_share_labelled_and_counted_per_version_then_unloads(traced_home, tiny_model, tmp_path, engine,
                                                                               request):
     import httpx

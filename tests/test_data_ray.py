@@ -135,6 +135,7 @@ class Collect(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+@pytest.mark.slow  # heavy end-to-end: the default run stays under 15 minutes; CI runs it
 def test_a_two_node_ray_build_is_the_local_snapshot_byte_for_byte(two_nodes, local):
     _, expected = local
     result, log = two_nodes
@@ -149,6 +150,7 @@ def test_a_two_node_ray_build_is_the_local_snapshot_byte_for_byte(two_nodes, loc
     assert c["bad_input.malformed_json"] == 1 and c["bad_input.unknown_shape"] == 1
 
 
+@pytest.mark.slow  # heavy end-to-end: the default run stays under 15 minutes; CI runs it
 def test_near_duplicates_in_other_partitions_than_their_originals_are_found(two_nodes):
     """Signatures are computed in whichever task holds the record; the band tasks see every partition's band
     hashes, so a pair split across tasks (and nodes) is proposed and confirmed by its Jaccard as locally."""

@@ -336,6 +336,7 @@ def test_a_quantized_release_form_is_gated_against_the_same_version_as_trained(m
     assert all(c.passed for c in noisy.report.checks if c.rule == "quantization")  # within noise of 0.2
 
 
+@pytest.mark.slow  # heavy end-to-end: the default run stays under 15 minutes; CI runs it
 def test_eval_runs_through_the_engine_and_weights_the_profile_names(mlops_home, tiny_model, tmp_path, request):
     """A version released as llamacpp f16: `mlops eval` serves that GGUF; `--reference` serves it as trained."""
     from evaluation.runner import run_eval

@@ -335,6 +335,7 @@ def test_a_failed_ledger_write_leaves_alias_and_ledger_as_they_were(reg, monkeyp
     assert aliases() == {} and ledger_size() == before
 
 
+@pytest.mark.slow  # heavy end-to-end: the default run stays under 15 minutes; CI runs it
 def test_a_locked_sqlite_database_refuses_the_transition_cleanly(reg, monkeypatch):
     import sqlite3
 

@@ -82,6 +82,7 @@ def test_unknown_scheme_is_rejected():
         check_tracking_uri("ftp://example/x")
 
 
+@pytest.mark.slow  # heavy end-to-end: the default run stays under 15 minutes; CI runs it
 @pytest.mark.postgres
 def test_postgres_tracking_server_round_trip(postgres_url, tmp_path, monkeypatch):
     """A real `mlflow server` over PostgreSQL: log a lineage-tagged run, read it back over REST."""

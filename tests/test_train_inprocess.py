@@ -129,6 +129,7 @@ def test_report_can_stop_training_cleanly(make_cfg):
     assert tracker.status == "FINISHED" and tracker.tags[Tag.STOP_REASON] == "pruned"
 
 
+@pytest.mark.slow  # heavy end-to-end: the default run stays under 15 minutes; CI runs it
 def test_smoke_run_passes_when_loss_falls_and_fails_under_the_throughput_floor(make_cfg):
     from training.final import SmokeFailed
     from training.prepare import prepare

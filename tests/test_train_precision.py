@@ -72,6 +72,7 @@ def test_activation_checkpointing_recomputes_the_same_losses_in_the_default_fp32
 
 
 # bf16 at ZeRO-3 with the weights partitioned as they load, in one process (two: the slow tests and the drill).
+@pytest.mark.slow  # heavy end-to-end: the default run stays under 15 minutes; CI runs it
 def test_bf16_zero3_trains_and_gathers_one_hf_folder(make_cfg):
     import torch
     from transformers import AutoModelForCausalLM

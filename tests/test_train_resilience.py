@@ -315,6 +315,7 @@ def test_full_disk_mid_save_is_one_paragraph_and_keeps_the_previous_checkpoint(m
 # --------------------------------------------------------------------------- runs that died
 
 
+@pytest.mark.slow  # heavy end-to-end: the default run stays under 15 minutes; CI runs it
 def test_kill_before_the_first_checkpoint_leaves_no_orphan_running_run(make_cfg, tmp_path):
     import json
 
@@ -331,6 +332,7 @@ def test_kill_before_the_first_checkpoint_leaves_no_orphan_running_run(make_cfg,
     assert mlflow_run(result.run_id).data.tags[Tag.PREVIOUS_RUN] == orphan and result.run_id != orphan
 
 
+@pytest.mark.slow  # heavy end-to-end: the default run stays under 15 minutes; CI runs it
 def test_resume_at_the_last_step_keeps_the_final_metrics(make_cfg, tmp_path):
     from training.trainer import SimulatedCrash
 
