@@ -164,6 +164,20 @@ class Sampler(threading.Thread):
             self.done.wait(0.25)
 
 
+def sampled_child(args: list[str], env: dict, groups: list, mode: str, what: str, cwd=None) -> tuple[dict, Sampler]:
+    """Run `python -c args...` while a Sampler watches its memory and CPU; its last stdout line is its JSON result."""
+    proc = subprocess.Popen([sys.executable, "-c", *args], env=env, cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    sampler = Sampler([proc.pid], groups, mode)
+    sampler.start()
+    out, err = proc.communicate()
+    sampler.done.set()
+    sampler.join()
+    if proc.returncode != 0:
+        sys.exit(f"{what} failed:\n{err[-3000:]}")
+    return json.loads(out.strip().splitlines()[-1]), sampler
+
+
 def run_build(work: Path, source: Path, mode: str, address: str | None, groups: list[int]) -> dict:
     home = work / f"home-{mode}"
     home.mkdir(parents=True, exist_ok=True)
@@ -178,16 +192,7 @@ def run_build(work: Path, source: Path, mode: str, address: str | None, groups: 
     env = {**os.environ, "MLOPS_HOME": str(home), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": str(REPO)}
     load = os.getloadavg()[0]
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(config)], env=env, cwd=home, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    sampler = Sampler([proc.pid], groups, mode)
-    sampler.start()
-    out, err = proc.communicate()
-    sampler.done.set()
-    sampler.join()
-    if proc.returncode != 0:
-        sys.exit(f"{mode} build of {source.name} failed:\n{err[-3000:]}")
-    r = json.loads(out.strip().splitlines()[-1])
+    r, sampler = sampled_child([CHILD, str(config)], env, groups, mode, f"{mode} build of {source.name}", cwd=home)
     worker_cpu = r["child_cpu_s"] if mode == "local" else sum(sampler.cpu.values())
     r.update(mode=mode, load_before=load, worker_rss_mb=max(sampler.peak.values(), default=0.0),
              driver_rss_mb=sampler.root_peak,
@@ -371,16 +376,9 @@ def measure_lsh(sizes: list[int]) -> None:
             parts, planted = lsh_corpus(Path(tmp), n)
             load = os.getloadavg()[0]
             env = {**os.environ, "PYTHONPATH": str(REPO)}
-            proc = subprocess.Popen([sys.executable, "-c", LSH_CHILD, tmp, json.dumps(parts)], env=env, text=True,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            sampler = Sampler([proc.pid], [], "local")
-            sampler.start()
-            out, err = proc.communicate()
-            sampler.done.set()
-            sampler.join()
-            if proc.returncode != 0:
-                sys.exit(f"the LSH stage at {n} records failed:\n{err[-3000:]}")
-            r = {**json.loads(out.strip().splitlines()[-1]), **lsh_quality(parts, planted), "records": n,
+            out, sampler = sampled_child([LSH_CHILD, tmp, json.dumps(parts)], env, [], "local",
+                                         f"the LSH stage at {n} records")
+            r = {**out, **lsh_quality(parts, planted), "records": n,
                  "worker_rss_mb": max(sampler.peak.values(), default=0.0), "driver_rss_mb": sampler.root_peak,
                  "load": load}
             runs.append(r)
