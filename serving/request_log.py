@@ -6,8 +6,8 @@ A background thread takes rows off the queue, scrubs them and writes them as MLf
 is full the row is dropped and counted (`mlops_serve_request_log_rows_total{outcome="dropped_full"}`): a slow store
 costs traces, never a user's latency; a trace that fails to write is counted as `write_error`, its answer already
 sent. Retention runs in the same thread, at start and then daily. Feedback (`POST /v1/feedback`) is an assessment
-on the answer's trace: it checks the request id and the key that sent it against the rows still queued first, and
-waits (off the event loop, `feedback_wait_s`) for a queued answer's trace to land before rating it.
+on the answer's trace: it checks the request id and the key that sent it against the rows still queued first; the
+feedback on an answer still queued rides behind it and is written by the same thread right after its trace.
 """
 
 from __future__ import annotations
@@ -92,10 +92,9 @@ class RequestLogWriter:
 
     def __init__(self, *, url: str | None = None, queue_size: int = 10000, batch_rows: int = 200,
                  flush_seconds: float = 0.5, retention_days: float | None = 30.0,
-                 feedback_wait_s: float = 10.0, process: bool = False) -> None:
+                 process: bool = False) -> None:
         self.url = url
         self.batch_rows, self.flush_seconds, self.retention_days = batch_rows, flush_seconds, retention_days
-        self.feedback_wait_s = feedback_wait_s
         # process: the MLflow writes run in a niced child (serving.trace_writer), away from the gateway's GIL.
         self._child = None
         if process:
@@ -108,6 +107,8 @@ class RequestLogWriter:
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._pending: Counter = Counter()  # request ids queued and not yet written
         self._pending_keys: dict[str, str | None] = {}  # their user-facing rows' key names (feedback checks)
+        self._feedback_behind: dict[str, list[Feedback]] = {}  # feedback on queued answers, written after them
+        self._feedback_in_hand = 0  # taken off _feedback_behind, being written
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -147,25 +148,20 @@ class RequestLogWriter:
     def known(self, request_id: str) -> bool:
         return self.owner(request_id)[0]
 
-    def write_feedback(self, item: Feedback) -> None:
-        """Rate the answer's trace; an answer still queued is waited for (its trace must exist to be rated)."""
+    def write_feedback(self, item: Feedback) -> str:
+        """Rate the answer's trace: at once when it is written ("stored"), else behind it ("queued").
+
+        An answer still queued carries its feedback with it: the writer rates the trace right after writing it.
+        Waiting for the trace instead tied a client's feedback to the writer's pace, and the writer is niced below
+        the gateway: on a busy machine it falls seconds behind, and the feedback failed."""
         from mlops.requestlog import write_feedback
 
-        if not self.wait_written(item.request_id, self.feedback_wait_s):
-            raise TimeoutError(f"the trace of request {item.request_id} was not written within "
-                               f"{self.feedback_wait_s:g} s")
+        with self._lock:
+            if self._pending.get(item.request_id):
+                self._feedback_behind.setdefault(item.request_id, []).append(item)
+                return "queued"
         write_feedback(item, self.url)
-
-    def wait_written(self, request_id: str, timeout: float) -> bool:
-        """The row with this id left the queue (written, or counted as lost) within `timeout` seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            with self._lock:
-                if not self._pending.get(request_id):
-                    return True
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.01)
+        return "stored"
 
     def start(self) -> RequestLogWriter:
         if self._thread is not None:  # idempotent: the app starts what it was given
@@ -177,20 +173,23 @@ class RequestLogWriter:
     def close(self, timeout: float = 30.0) -> None:
         """Write what is queued (the process is stopping), then stop."""
         self._stop.set()
+        child = self._child
+        if child is not None:
+            child.hurry()  # its batch in hand; the thread writes the rest itself (_retire_child)
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 log.error("request log: %d rows were still queued after %.0f s and are lost", self._queue.qsize(),
                           timeout)
         if self._child is not None:
-            self._child.close()
+            self._retire_child()
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until every queued row was attempted (tests, benchmarks); True when the queue emptied in time."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:
-                if not self._pending:
+                if not self._pending and not self._feedback_in_hand:
                     return True
             time.sleep(0.02)
         return False
@@ -201,6 +200,8 @@ class RequestLogWriter:
         self._prune()
         last_prune = time.monotonic()
         while True:
+            if self._stop.is_set() and self._child is not None:
+                self._retire_child()
             batch = self._take()
             if batch:
                 self._write(batch)
@@ -209,6 +210,12 @@ class RequestLogWriter:
                 last_prune = time.monotonic()
             if self._stop.is_set() and self._queue.empty():
                 return
+
+    def _retire_child(self) -> None:
+        """The gateway is draining: no answer's latency is left to protect, so what is still queued is written
+        here, at the gateway's priority, not by the niced child that a busy machine starves."""
+        child, self._child = self._child, None
+        child.close()
 
     def _take(self) -> list[LoggedRequest]:
         try:
@@ -233,36 +240,61 @@ class RequestLogWriter:
             except Exception as err:  # noqa: BLE001 - one bad row never costs the batch
                 self._error(f"row {row.request_id} could not be prepared ({type(err).__name__}: {err})")
                 self._count("write_error")
+        traced: set[str] = set()
         try:
-            self._written(rows, self._write_rows(rows))
+            traced = self._written(rows, self._write_rows(rows))
         except (TimeoutError, EOFError, OSError) as err:  # the child went away: it is replaced on the next batch
             self._count("write_error", len(rows))
             self._error(f"{len(rows)} traces were lost with the writer process ({type(err).__name__}: {err})")
         except Exception:  # noqa: BLE001 - retried row by row: one bad row must not cost its neighbours
-            self._write_alone(rows)
+            traced = self._write_alone(rows)
         finally:
+            behind = []
             with self._lock:
                 for row in batch:
                     self._pending[row.request_id] -= 1
                     if self._pending[row.request_id] <= 0:
                         del self._pending[row.request_id]
                         self._pending_keys.pop(row.request_id, None)
+                        behind += self._feedback_behind.pop(row.request_id, [])
+                self._feedback_in_hand += len(behind)
+            self._write_feedback_behind(behind, traced)
 
-    def _written(self, rows: list[LoggedRequest], skipped: list[str]) -> None:
+    def _write_feedback_behind(self, items: list[Feedback], traced: set[str]) -> None:
+        from mlops.requestlog import write_feedback
+
+        for item in items:
+            try:
+                if item.request_id not in traced:
+                    raise RuntimeError("the answer's trace was not written")
+                write_feedback(item, self.url)
+                self.counts["feedback_written"] += 1
+            except Exception as err:  # noqa: BLE001 - counted and logged; serving goes on
+                self.counts["feedback_lost"] += 1
+                log.error("request log: feedback %s on request %s is lost (%s: %s)", item.feedback_id,
+                          item.request_id, type(err).__name__, str(err)[:300])
+            finally:
+                with self._lock:
+                    self._feedback_in_hand -= 1
+
+    def _written(self, rows: list[LoggedRequest], skipped: list[str]) -> set[str]:
+        """Counts a written batch; returns the request ids whose trace this batch wrote."""
         self._count("written", len(rows) - len(skipped))
         if skipped:
             self._count("duplicate", len(skipped))
             log.warning("request log: request ids %s were logged before; these answers are not logged again "
                         "(clients should send unique X-Request-ID values)", ", ".join(skipped[:5]))
+        return {r.request_id for r in rows} - set(skipped)
 
-    def _write_alone(self, rows: list[LoggedRequest]) -> None:
-
+    def _write_alone(self, rows: list[LoggedRequest]) -> set[str]:
+        traced: set[str] = set()
         for row in rows:
             try:
-                self._written([row], self._write_rows([row]))
+                traced |= self._written([row], self._write_rows([row]))
             except Exception as err:  # noqa: BLE001 - counted and logged; serving goes on
                 self._count("write_error")
                 self._error(f"traces could not be written ({type(err).__name__}: {str(err)[:300]})")
+        return traced
 
     def _write_rows(self, rows: list[LoggedRequest]) -> list[str]:
         from mlops.requestlog import write_requests

@@ -251,14 +251,15 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None, request_log=No
                 raise ApiError(403, f"request_id '{item.request_id}' was answered for another API key, and feedback "
                                "is taken only from the key that asked; send it with that key.", param="request_id",
                                code="feedback_not_yours")
-            await run_in_threadpool(request_log.write_feedback, item)
+            status = await run_in_threadpool(request_log.write_feedback, item)
         except ApiError:
             raise
         except Exception as err:  # noqa: BLE001 - the database is unreachable: say so, keep serving
             log.error("request_id=%s feedback not stored: %s: %s", request.state.request_id, type(err).__name__, err)
             raise ApiError(503, "the feedback could not be stored (the tracking store holding the answer's trace "
                            "is unreachable or slow); try again later.", code="feedback_unavailable") from None
-        return {"object": "feedback", "id": item.feedback_id, "request_id": item.request_id, "rating": item.rating}
+        return {"object": "feedback", "id": item.feedback_id, "request_id": item.request_id, "rating": item.rating,
+                "status": status}
 
     return app
 

@@ -55,6 +55,19 @@ class TraceWriterProcess:
         os.close(from_child_w)
         self._send, self._recv = Connection(to_child_w, readable=False), Connection(from_child_r, writable=False)
 
+    def hurry(self) -> bool:
+        """Back to the gateway's priority (it is draining: no latency is left to protect), so a batch in hand on a
+        busy machine lands before the drain ends. False where the OS refuses (raising priority needs
+        CAP_SYS_NICE): the batch then finishes at its own pace."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return False
+        try:
+            os.setpriority(os.PRIO_PROCESS, proc.pid, os.getpriority(os.PRIO_PROCESS, 0))
+        except (PermissionError, ProcessLookupError):
+            return False
+        return True
+
     def close(self, timeout: float = 30.0) -> None:
         proc, self._proc = self._proc, None
         if proc is None:

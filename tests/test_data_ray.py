@@ -284,9 +284,9 @@ def test_losing_the_head_fails_clearly_publishes_nothing_and_a_rerun_completes(m
     root = mlops_home / ".mlops" / "snapshots"
     doomed = RayCluster(nodes=2).start()
     try:
-        def kill_when_cleaning() -> None:  # the first cleaned records are spilled: tasks are in flight
+        def kill_when_cleaning() -> None:  # a partition task has started writing its rows: tasks are in flight
             deadline = time.monotonic() + 300
-            while time.monotonic() < deadline and not list(root.glob(".staging-*/.work/clean-*.jsonl")):
+            while time.monotonic() < deadline and not list(root.glob(".staging-*/.work/parts/*/rows.jsonl")):
                 time.sleep(0.2)
             doomed.kill_head()
 

@@ -35,26 +35,50 @@ def _answer(client, headers) -> str:
     return r.headers["x-request-id"]
 
 
-def test_feedback_right_after_an_answer_is_stored_scrubbed_with_the_senders_key_name(served, monkeypatch):
+def test_feedback_right_after_an_answer_is_taken_at_once_and_stored_behind_its_trace_scrubbed(served, monkeypatch):
     import threading
 
     import mlops.requestlog as requestlog
     from mlops.requestlog import read_feedback
 
     client, headers, writer = served
-    slow, real = threading.Event(), requestlog.write_requests
-    monkeypatch.setattr(requestlog, "write_requests", lambda rows, url=None: slow.wait(30) and real(rows, url))
+    store_free, real = threading.Event(), requestlog.write_requests
+    monkeypatch.setattr(requestlog, "write_requests", lambda rows, url=None: store_free.wait(60) and real(rows, url))
     rid = _answer(client, headers)  # its row waits in the writer's queue: no trace yet
-    threading.Timer(0.5, slow.set).start()  # the store answers while the feedback waits for the trace
-    sent = client.post("/v1/feedback", headers=headers,
+    sent = client.post("/v1/feedback", headers=headers, timeout=5,  # a stalled writer never stalls the client
                        json={"request_id": rid, "rating": -1, "correction": "It ships Monday; ask bob@example.org"})
     assert sent.status_code == 200, sent.text
-    assert sent.json()["request_id"] == rid and sent.json()["rating"] == -1
+    assert sent.json()["request_id"] == rid and sent.json()["rating"] == -1 and sent.json()["status"] == "queued"
+    assert read_feedback(request_ids=[rid]) == []
+    store_free.set()
+    assert writer.flush(30)
     stored = read_feedback(request_ids=[rid])
     assert len(stored) == 1 and stored[0]["rating"] == -1 and stored[0]["source"] == "helpdesk-app"
     assert "bob@example.org" not in stored[0]["correction"] and "ships Monday" in stored[0]["correction"]
+    again = client.post("/v1/feedback", headers=headers, json={"request_id": rid, "rating": 1})
+    assert again.status_code == 200 and again.json()["status"] == "stored"
+    assert len(read_feedback(request_ids=[rid])) == 2
+
+
+def test_feedback_behind_an_answer_whose_trace_is_lost_is_counted_lost(served, monkeypatch):
+    import threading
+
+    import mlops.requestlog as requestlog
+
+    client, headers, writer = served
+    store_free = threading.Event()
+
+    def failing(rows, url=None):
+        store_free.wait(60)
+        raise RuntimeError("the store refused the trace")
+
+    monkeypatch.setattr(requestlog, "write_requests", failing)
+    rid = _answer(client, headers)
+    sent = client.post("/v1/feedback", headers=headers, json={"request_id": rid, "rating": 1})
+    assert sent.status_code == 200 and sent.json()["status"] == "queued", sent.text
+    store_free.set()
     assert writer.flush(30)
-    assert client.post("/v1/feedback", headers=headers, json={"request_id": rid, "rating": 1}).status_code == 200
+    assert writer.counts["write_error"] == 1 and writer.counts["feedback_lost"] == 1
 
 
 def test_feedback_is_an_assessment_on_the_answers_trace_and_another_keys_feedback_is_refused(served):

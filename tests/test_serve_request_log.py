@@ -131,10 +131,41 @@ def test_mlops_serve_writes_traces_from_a_niced_child_process_and_replaces_one_t
     child.wait()
     writer.submit(LoggedRequest("second", "bot", "1", "/v1/completions", [], "y"))
     assert writer.flush(120)
+    replaced = writer._child._proc
+    if os.geteuid() == 0:  # draining: the child goes back to the gateway's priority (needs CAP_SYS_NICE)
+        assert writer._child.hurry()
+        assert os.getpriority(os.PRIO_PROCESS, replaced.pid) == os.getpriority(os.PRIO_PROCESS, os.getpid())
     writer.close()
     rows = {r["request_id"]: r for r in read_requests()}
     assert set(rows) == {"first", "second"} and "a@b.org" not in rows["first"]["messages"][0]["content"]
-    assert writer.counts["written"] == 2 and writer._child._proc is None  # closed with the writer
+    assert writer.counts["written"] == 2 and writer._child is None  # retired when the writer stopped
+
+
+def test_a_stopping_writer_retires_its_niced_child_and_writes_what_is_queued_itself(traced_home):
+    from mlops.requestlog import LoggedRequest, read_requests
+    from serving.request_log import RequestLogWriter
+
+    class StarvedChild:  # a niced writer that a busy machine starves: it must not hold the drain
+        closed = False
+
+        def write(self, rows):
+            raise AssertionError("a draining writer sent rows to its niced child")
+
+        def hurry(self) -> bool:
+            return False  # not privileged to raise its priority
+
+        def close(self, timeout: float = 30.0) -> None:
+            self.closed = True
+
+    writer = RequestLogWriter(flush_seconds=0.01, retention_days=None)
+    writer._child = child = StarvedChild()
+    for rid in ("a", "b"):
+        writer.submit(LoggedRequest(rid, "bot", "1", "/v1/completions", [], "queued at shutdown"))
+    writer._stop.set()  # the gateway is draining before the thread took a batch
+    writer.start()
+    writer.close()
+    assert child.closed and writer._child is None
+    assert sorted(r["request_id"] for r in read_requests()) == ["a", "b"] and writer.counts["written"] == 2
 
 
 def test_a_reused_request_id_costs_only_its_own_row(traced_home):
