@@ -4,6 +4,7 @@ $MLOPS_TEST_ARTIFACTS)."""
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -79,7 +80,15 @@ def test_a_served_answer_shows_in_the_mlflow_traces_tab_with_its_version_and_fee
             assert (shots / "mlflow-traces-tab.png").stat().st_size > 10_000
             # The trace itself: its tags name the version, its assessments hold the rating and the correction.
             page.goto(f"{mlflow_ui}/#/experiments/{experiment_id}/traces/{trace_id}")
-            page.get_by_text("mlops.version", exact=False).first.wait_for(timeout=WAIT_MS)
+            page.get_by_text(re.compile(r"^\d+ tags$")).first.click(timeout=WAIT_MS)  # the tags sit behind it
+            version_tag = page.get_by_text("mlops.version", exact=True).first
+            version_tag.wait_for(timeout=WAIT_MS)
+            assert version_tag.locator("xpath=..").inner_text().split() == ["mlops.version", "7"]
+            page.screenshot(path=str(shots / "mlflow-trace-tags.png"), full_page=True)
+            page.get_by_text(re.compile(r"^\d+ tags$")).first.click(timeout=WAIT_MS)  # closes the tag list
+            pane_toggle = page.locator('[data-component-id="shared.model-trace-explorer.assessments-pane-toggle"]')
+            assert pane_toggle.first.get_attribute("aria-label", timeout=WAIT_MS) == "Assess trace (2 assessments)"
+            pane_toggle.first.click(timeout=WAIT_MS)
             page.get_by_text("rating", exact=True).first.wait_for(timeout=WAIT_MS)
             page.get_by_text("It ships Monday.", exact=False).first.wait_for(timeout=WAIT_MS)
             page.screenshot(path=str(shots / "mlflow-trace-assessments.png"), full_page=True)
