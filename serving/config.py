@@ -130,9 +130,6 @@ class ServeConfig(StrictModel):
     @field_validator("engine")
     @classmethod
     def _known_engine(cls, name: str | None) -> str | None:
-        from mlops.errors import did_you_mean
-        from serving.engine import engine_names
+        from serving.engine import known_engine
 
-        if name is not None and name not in engine_names():
-            raise ValueError(f"unknown serving engine '{name}': {did_you_mean(name, engine_names())}")
-        return name
+        return known_engine(name)

@@ -193,6 +193,15 @@ def engine_names() -> list[str]:
     return ENGINES.names()
 
 
+def known_engine(name: str | None) -> str | None:
+    """An engine this stack serves on, or None; anything else fails naming the choices (config validators)."""
+    if name is not None and name not in engine_names():
+        from mlops.errors import did_you_mean
+
+        raise ValueError(f"unknown serving engine '{name}': {did_you_mean(name, engine_names())}")
+    return name
+
+
 def build_engine(model_path: Path | str, spec: EngineSpec) -> Engine:
     """The engine `spec.name` names, loaded from `model_path`; an unknown name lists the available ones.
     Every engine loads through here: a model folder that ships code is refused before any engine reads it."""

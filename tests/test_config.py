@@ -39,6 +39,14 @@ def test_wrong_type_names_field_value_and_fix():
     assert "train.max_steps" in message and "'many'" in message and "Fix:" in message
 
 
+def test_an_unknown_serve_engine_is_refused_naming_the_engines():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["train.serve_engine=llama.cpp"])
+    message = str(err.value)
+    assert "train.serve_engine" in message and "'llama.cpp'" in message and "llamacpp" in message
+    assert load_config(None, ["train.serve_engine=vllm"]).train.serve_engine == "vllm"
+
+
 def test_broken_yaml_reports_line(tmp_path):
     path = write(tmp_path, "run:\n  seed: 1\n train: [\n")
     with pytest.raises(ConfigError, match="line 3"):

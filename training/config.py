@@ -151,6 +151,13 @@ class TrainConfig(Section):
         from mlops.profile import known_quantization
 
         return known_quantization(value)
+
+    @field_validator("serve_engine")
+    @classmethod
+    def _known_engine(cls, name: str) -> str:
+        from serving.engine import known_engine  # the engines register by name there
+
+        return known_engine(name)
     final_model: bool = volatile(True, description="consolidate, merge and log the final model")
     peak_flops: float | None = volatile(None, gt=0, description="peak FLOP/s for MFU (default: measured)")
     progress: bool = volatile(True, description="show a progress bar on rank 0")

@@ -1,8 +1,8 @@
 """Offline tokenization with the base model's tokenizer and chat template, and assistant-only loss masks.
 
 A chat is rendered once with the chat template; each assistant turn's character span is found by
-rendering the prefix before it (with the generation prompt) and the prefix through it, so the mask is
-right for any prefix-stable template. Tokens whose first character lies in a span are trained on.
+rendering the prefix before it (with the generation prompt) and the prefix through it (the whole chat, for the
+last turn), so the mask is right for any prefix-stable template. Tokens whose first character lies in a span are trained on.
 Plain-text records are trained on every token and end with EOS.
 """
 
@@ -90,7 +90,7 @@ class ChatTokenizer:
             if message["role"] != "assistant":
                 continue
             before = self._render(messages[:i], generation=True)
-            through = self._render(messages[: i + 1])
+            through = full if i == len(messages) - 1 else self._render(messages[: i + 1])  # the usual last turn
             if not through.startswith(before) or not full.startswith(through):
                 raise TemplateFailure(
                     "the chat template is not prefix-stable (rendering a conversation prefix does not yield a "
