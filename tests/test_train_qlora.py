@@ -46,6 +46,20 @@ def test_qlora_base_is_nf4_with_double_quantization_and_adapters_train_in_the_co
     assert trainable and all("lora_" in n for n in trainable)
 
 
+def test_a_4bit_base_counts_as_many_weights_as_its_float_twin(tiny_model):
+    from training.engine import build_model
+    from training.metrics import count_params, flops_per_token
+
+    ds = {"bf16": {"enabled": True}, "zero_optimization": {}}
+    overrides = [f"{k}={v}" for k, v in QLORA.items()]
+    quantized = build_model(tiny_model["path"], load_config(None, overrides).train, seed=1, ds=ds)
+    lora = build_model(tiny_model["path"], load_config(None, [*overrides, "train.mode=lora"]).train, seed=1, ds=ds)
+    counts = count_params(quantized)
+    assert counts == count_params(lora)  # bitsandbytes packs two weights per byte; the plan and MFU count weights
+    shape = {"layers": 2, "hidden": quantized.config.hidden_size, "seq_len": 64}
+    assert flops_per_token(counts, **shape) == flops_per_token(count_params(lora), **shape)
+
+
 def test_qlora_trains_and_its_final_model_is_merged_dequantized_and_loads(make_cfg, tmp_path):
     import torch
     from safetensors.torch import load_file

@@ -50,7 +50,11 @@ def count_params(model) -> ParamCounts:
 
 
 def _numel(p) -> int:
-    """Elements of a parameter, also when ZeRO-3 has partitioned it (its local tensor is then empty)."""
+    """Elements of a parameter, also when ZeRO-3 has partitioned it (its local tensor is then empty) and when
+    bitsandbytes packs it in 4 bits (two weights per stored byte: the matrix's shape is in its quant state)."""
+    shape = getattr(getattr(p, "quant_state", None), "shape", None)
+    if shape is not None:
+        return math.prod(shape)
     return int(getattr(p, "ds_numel", p.numel()))
 
 

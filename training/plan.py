@@ -63,6 +63,10 @@ def make_plan(model, prep, reader, micro_batch, device: str, *, measure: bool = 
                          layers=layers, hidden=hidden, heads=mc.num_attention_heads, vocab=mc.vocab_size,
                          precision=prep.precision, offload=t.offload, checkpointing=t.activation_checkpointing,
                          layer_params=layer_params, score_matrices=device == "cpu")  # as the planner assumes
+    if t.mode == "qlora":  # the 4-bit base's bytes, as the planner counts them before the job
+        from training.planner import qlora_memory
+
+        memory = qlora_memory(memory, counts, prep.precision, mc.vocab_size * hidden, layer_params)
     peak = t.peak_flops or measured_peak_flops(device)
     plan = {
         "params_total": counts.total,

@@ -120,7 +120,7 @@ class Costing:
                            vocab=self.vocab, precision=shape.precision, offload=shape.offload,
                            checkpointing=shape.checkpointing, score_matrices=not self.hw.gpu,
                            layer_params=self.layer_params)
-        return qlora_memory(plan, counts, shape, self.vocab * self.hidden, self.layer_params) \
+        return qlora_memory(plan, counts, shape.precision, self.vocab * self.hidden, self.layer_params) \
             if shape.mode == "qlora" else plan
 
     def flops_per_token(self, shape: Shape) -> float:
@@ -147,7 +147,7 @@ class Costing:
         return used <= self.limit(shape)
 
 
-def qlora_memory(plan: dict[str, float], counts, shape: Shape, lm_head: int, layer_params: int) -> dict[str, float]:
+def qlora_memory(plan: dict[str, float], counts, precision: str, lm_head: int, layer_params: int) -> dict[str, float]:
     """QLoRA's weights in place of the LoRA plan's. The frozen Linear weights of the decoder layers are stored
     in NF4 (`NF4_BYTES` each); bitsandbytes leaves the LM head unquantized, and embeddings and norms are not
     Linear layers; peft's prepare_model_for_kbit_training upcasts those to fp32 (4 bytes). The adapters keep
@@ -157,7 +157,7 @@ def qlora_memory(plan: dict[str, float], counts, shape: Shape, lm_head: int, lay
     adapters' state only."""
     from training.metrics import PRECISION_BYTES
 
-    w = PRECISION_BYTES[shape.precision]
+    w = PRECISION_BYTES[precision]
     quantized = max(0, counts.matmul_frozen - lm_head)
     upcast = counts.frozen - quantized
     weights = quantized * NF4_BYTES + upcast * 4 + counts.trainable * w + layer_params * w
