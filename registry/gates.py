@@ -90,12 +90,18 @@ def _newest_gate_run(content_id: str) -> tuple[str, dict, dict] | None:
     """(run id, gate report, the run's tags) of the newest gate run of this content that stored a report."""
     from mlops.run_store import find_runs, load_run_json
 
-    # FINISHED only: a report of a run still running (or killed) was never the gate's last word.
-    for run in find_runs({Tag.STAGE: "gate", Tag.MODEL_KEY: content_id}, status="FINISHED", max_results=5):
+    # A report of a run still running (or killed) was never the gate's last word. A refusal is, whatever status
+    # the launcher gave its run: `mlflow run` marks FAILED a gate that exits 1 on its own "failed" verdict. A
+    # pass counts only from a FINISHED run.
+    for run in find_runs({Tag.STAGE: "gate", Tag.MODEL_KEY: content_id}, status=None, max_results=10):
+        if run.info.status not in ("FINISHED", "FAILED"):
+            continue
         try:
-            return run.info.run_id, load_run_json(run.info.run_id, "gate/gate_report.json"), dict(run.data.tags)
+            report = load_run_json(run.info.run_id, "gate/gate_report.json")
         except NotFoundError:
             continue  # a gate run that died before writing its report
+        if run.info.status == "FINISHED" or report.get("result") == "failed":
+            return run.info.run_id, report, dict(run.data.tags)
     return None
 
 

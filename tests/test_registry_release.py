@@ -113,6 +113,22 @@ def test_production_needs_an_approved_request(reg):
     assert aliases() == {}
 
 
+def test_a_gate_refusal_counts_from_a_failed_run_and_a_pass_only_from_a_finished_one(reg):
+    from mlops.tracking import client
+    from registry.audit import drift, model_state
+    from registry.gates import newest_gate_report
+    from registry.testing import gate_evidence
+
+    refused = gate_evidence("bot", "1", passed=False)  # `mlflow run` marks a gate that exits 1 FAILED
+    client().set_terminated(refused, "FAILED")
+    client().set_model_version_tag("bot", "1", "gate.eval", "failed")
+    assert newest_gate_report(content("1"))[1]["result"] == "failed"
+    assert not [p for p in drift(model_state("bot")) if "gate" in p]
+    passed = gate_evidence("bot", "1")
+    client().set_terminated(passed, "FAILED")  # a pass whose run did not finish is no pass
+    assert newest_gate_report(content("1"))[1]["result"] == "failed"
+
+
 def test_four_eyes_rule_refuses_the_trainer_registrar_and_requester(reg):
     from registry.release import decide, request
     from registry.testing import gate_evidence
