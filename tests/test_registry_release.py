@@ -121,7 +121,7 @@ def test_a_gate_refusal_counts_from_a_failed_run_and_a_pass_only_from_a_finished
 
     refused = gate_evidence("bot", "1", passed=False)  # `mlflow run` marks a gate that exits 1 FAILED
     client().set_terminated(refused, "FAILED")
-    client().set_model_version_tag("bot", "1", "gate.eval", "failed")
+    client().set_model_version_tag("bot", "1", Tag.GATE_EVAL, "failed")
     assert newest_gate_report(content("1"))[1]["result"] == "failed"
     assert not [p for p in drift(model_state("bot")) if "gate" in p]
     passed = gate_evidence("bot", "1")
