@@ -66,6 +66,9 @@ class ServerMetrics:
                                         "to user traffic excluded", ["version"], buckets=LATENCY_BUCKETS, registry=r)
         self.request_log_rows = Counter("mlops_serve_request_log_rows", "request log rows by outcome (written, "
                                         "dropped_full, duplicate, write_error)", ["outcome"], registry=r)
+        self.feedback = Counter("mlops_serve_feedback", "ratings by outcome (stored: on a written trace; "
+                                "written_behind: right after its queued answer's trace; lost: that trace or the "
+                                "rating failed)", ["outcome"], registry=r)
         self._served: tuple | None = None
 
     def watch_slot(self, slot) -> None:

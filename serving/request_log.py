@@ -103,6 +103,8 @@ class RequestLogWriter:
             self._child = TraceWriterProcess(url)
         self.counts: Counter = Counter()  # outcome -> rows: written, dropped_full, duplicate, write_error
         self.on_count: Callable[[str, int], None] | None = None  # metrics
+        self.feedback_counts: Counter = Counter()  # outcome -> ratings: stored, written_behind, lost
+        self.on_feedback_count: Callable[[str], None] | None = None  # metrics
         self.pruned = 0
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._pending: Counter = Counter()  # request ids queued and not yet written
@@ -161,6 +163,7 @@ class RequestLogWriter:
                 self._feedback_behind.setdefault(item.request_id, []).append(item)
                 return "queued"
         write_feedback(item, self.url)
+        self._count_feedback("stored")
         return "stored"
 
     def start(self) -> RequestLogWriter:
@@ -268,9 +271,9 @@ class RequestLogWriter:
                 if item.request_id not in traced:
                     raise RuntimeError("the answer's trace was not written")
                 write_feedback(item, self.url)
-                self.counts["feedback_written"] += 1
+                self._count_feedback("written_behind")
             except Exception as err:  # noqa: BLE001 - counted and logged; serving goes on
-                self.counts["feedback_lost"] += 1
+                self._count_feedback("lost")
                 log.error("request log: feedback %s on request %s is lost (%s: %s)", item.feedback_id,
                           item.request_id, type(err).__name__, str(err)[:300])
             finally:
@@ -323,6 +326,12 @@ class RequestLogWriter:
         self.counts[outcome] += n
         if self.on_count is not None:
             self.on_count(outcome, n)
+
+    def _count_feedback(self, outcome: str) -> None:
+        # Kept apart from the row counts: a lost rating is the client's signal gone, not a trace.
+        self.feedback_counts[outcome] += 1
+        if self.on_feedback_count is not None:
+            self.on_feedback_count(outcome)
 
     def _error(self, message: str) -> None:
         # One line per ten seconds at most: a database that is down must not flood the server log.

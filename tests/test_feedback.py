@@ -78,7 +78,9 @@ def test_feedback_behind_an_answer_whose_trace_is_lost_is_counted_lost(served, m
     assert sent.status_code == 200 and sent.json()["status"] == "queued", sent.text
     store_free.set()
     assert writer.flush(30)
-    assert writer.counts["write_error"] == 1 and writer.counts["feedback_lost"] == 1
+    assert writer.counts["write_error"] == 1 and writer.feedback_counts["lost"] == 1
+    scraped = client.get("/metrics", headers=headers).text
+    assert 'mlops_serve_feedback_total{outcome="lost"} 1.0' in scraped, scraped
 
 
 def test_feedback_is_an_assessment_on_the_answers_trace_and_another_keys_feedback_is_refused(served):
