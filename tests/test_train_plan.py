@@ -78,13 +78,43 @@ def test_each_memory_lever_lowers_what_it_should():
     assert fp32["activations"] == 2 * 512 * 256 * 4 * (34 + 5 * 4 * 512 / 256) * 2 + 4 * 2 * 512 * 1000 * 4
     bf16 = memory_plan(counts, zero_stage=0, precision="bf16", **shape)
     assert bf16["weights"] == 2e6 and bf16["optimizer"] == 12e6
-    zero3 = memory_plan(counts, zero_stage=3, precision="bf16", layer_params=10_000, **shape)
-    # A shard each, plus the whole model gathered: under 1e9 parameters DeepSpeed's defaults keep it all live.
-    assert zero3["weights"] == 2e6 / 4 + 1e6 * 2 and zero3["optimizer"] == 12e6 / 4
+    zero3 = memory_plan(counts, zero_stage=3, precision="bf16", layer_params=200_000, **shape)
+    # A shard each, plus what is gathered at the peak: the LM head (vocab x hidden) and the prefetched layer.
+    assert zero3["weights"] == 2e6 / 4 + (1000 * 256 + 200_000) * 2 and zero3["optimizer"] == 12e6 / 4
+    # With DeepSpeed's own 1e9 reuse distance (an override) a model under 1e9 weights stays wholly gathered.
+    whole = memory_plan(counts, zero_stage=3, precision="bf16", layer_params=200_000,
+                        zero_overrides={"stage3_max_reuse_distance": 1_000_000_000}, **shape)
+    assert whole["weights"] == 2e6 / 4 + 1e6 * 2
     offloaded = memory_plan(counts, zero_stage=3, precision="bf16", offload="optimizer_and_params", **shape)
     assert offloaded["optimizer"] == 0 and offloaded["host"] == 12e6 / 4 + 2e6 / 4
     ckpt = memory_plan(counts, zero_stage=0, checkpointing=True, **shape)
     assert ckpt["activations"] < fp32["activations"] / 2
+
+
+def test_zero_buffers_are_sized_from_the_model_and_the_plan_counts_the_same_sizes():
+    from mlops.config import load_config
+    from training.engine import World, ds_config
+    from training.metrics import MIN_BUCKET, ParamCounts, memory_plan, zero_sizes
+
+    hidden, layer = 4096, 200_000_000  # a 7B decoder layer
+    world = World(0, 8, 0, "cuda:0", "nccl")
+    t = load_config(None, ["train.zero_stage=3"]).train
+    zero = ds_config(t, world, micro=1, accum=1, shape=(hidden, layer))["zero_optimization"]
+    assert zero["reduce_bucket_size"] == hidden * hidden and zero["stage3_max_reuse_distance"] == layer
+    assert zero["stage3_max_live_parameters"] == 2 * layer and zero["stage3_param_persistence_threshold"] == 40960
+    assert zero_sizes(2, 64, 1000) == {"reduce_bucket_size": MIN_BUCKET, "allgather_bucket_size": MIN_BUCKET}
+    assert zero_sizes(0, hidden, layer) == {}  # ZeRO-0's all-reduce bucket is DeepSpeed's fixed 5e8
+    # train.deepspeed.extra wins in the config and in the plan alike.
+    extra = {"zero_optimization": {"reduce_bucket_size": 5e7}}
+    t2 = load_config(None, ["train.zero_stage=2"]).train.model_copy(
+        update={"deepspeed": t.deepspeed.model_copy(update={"extra": extra})})
+    assert ds_config(t2, world, micro=1, accum=1, shape=(hidden, layer))["zero_optimization"][
+        "reduce_bucket_size"] == 5e7
+    counts = ParamCounts(10**8, 10**8, 10**8, 0)
+    shape = {"world": 2, "micro": 1, "seq_len": 64, "layers": 2, "hidden": 256, "heads": 4, "vocab": 1000}
+    sized = memory_plan(counts, zero_stage=2, **shape)
+    overridden = memory_plan(counts, zero_stage=2, zero_overrides=extra["zero_optimization"], **shape)
+    assert overridden["gradients"] - sized["gradients"] == (5e7 - MIN_BUCKET) * 4
 
 
 def test_plan_on_the_meta_device_counts_what_training_builds(tiny_model):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from mlops.files import free_port
 from training.config import ADAPTER_MODES
+from training.metrics import zero_sizes
 
 DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -125,8 +126,12 @@ def lr_lambda(cfg):
 
 
 def ds_config(cfg, world: World, *, micro: int, accum: int, universal: bool = False,
-              precision: str = "fp32") -> dict:
-    zero = {"stage": int(cfg.zero_stage)}
+              precision: str = "fp32", shape: tuple[int, int] | None = None) -> dict:
+    """The DeepSpeed config; `shape` (hidden size, one decoder layer's weights) sizes ZeRO's buckets and gathers
+    (training.metrics.zero_sizes), as the plan counts them; train.deepspeed.extra overrides any of it."""
+    zero: dict = {"stage": int(cfg.zero_stage)}
+    if shape is not None:
+        zero.update(zero_sizes(int(cfg.zero_stage), *shape))
     gpu = world.device != "cpu"
     if cfg.offload != "none":
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": gpu}

@@ -58,6 +58,12 @@ def _numel(p) -> int:
     return int(getattr(p, "ds_numel", p.numel()))
 
 
+def decoder_layer_params(counts: ParamCounts, config) -> int:
+    """One decoder layer's matmul weights (the LM head aside): what ZeRO-3 gathers at a time."""
+    matmul = counts.matmul_trainable + counts.matmul_frozen
+    return max(0, matmul - config.vocab_size * config.hidden_size) // max(1, config.num_hidden_layers)
+
+
 def flops_per_token(counts: ParamCounts, *, layers: int, hidden: int, seq_len: int) -> float:
     """Training FLOPs per token: 6 per trainable and 4 per frozen matmul weight, plus attention scores.
 
@@ -69,15 +75,42 @@ def flops_per_token(counts: ParamCounts, *, layers: int, hidden: int, seq_len: i
 
 
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-REDUCE_BUCKET = 500_000_000  # DeepSpeed 0.19.8's default reduce/all-reduce bucket, in elements
-MAX_LIVE = 1_000_000_000  # DeepSpeed 0.19.8's default stage3_max_live_parameters (and max_reuse_distance)
+REDUCE_BUCKET = 500_000_000  # DeepSpeed 0.19.8's ZeRO-0 all-reduce bucket (fixed), in elements
+MIN_BUCKET = 1 << 20  # below ~1M elements per collective, call overhead dominates (gloo and nccl alike)
 OFFLOADS = ("none", "optimizer", "optimizer_and_params")
+ZERO_SIZE_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
+                  "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance")
+
+
+def zero_sizes(zero_stage: int, hidden: int, layer_params: int, overrides: dict | None = None) -> dict[str, int]:
+    """DeepSpeed's ZeRO buffer sizes for one model shape, in elements; `overrides` (train.deepspeed.extra's
+    zero_optimization) win. The trainer writes these into the DeepSpeed config and the plan counts them.
+
+    DeepSpeed's defaults (5e8-element buckets, 1e9 live and reuse distance) are sized for no model in
+    particular: on a model under 1e9 parameters ZeRO-3 keeps every gathered weight until the step ends (its
+    reuse distance spans the whole forward and backward), so the per-rank weight memory was the whole model's.
+    Sized from the shape, as transformers' "auto" values do: buckets of hidden^2 (at least MIN_BUCKET), a
+    weight stays gathered only while it is reused within one layer's weights, and at most two layers' weights
+    are gathered ahead."""
+    if zero_stage < 1:
+        return {}
+    bucket = max(MIN_BUCKET, hidden * hidden)
+    sizes = {"reduce_bucket_size": bucket, "allgather_bucket_size": bucket}
+    if zero_stage == 3:
+        sizes.update({"stage3_prefetch_bucket_size": max(MIN_BUCKET, int(0.9 * hidden * hidden)),
+                      "stage3_param_persistence_threshold": 10 * hidden,
+                      "stage3_max_live_parameters": max(2 * layer_params, bucket),
+                      "stage3_max_reuse_distance": layer_params})
+    for key, value in (overrides or {}).items():
+        if key in ZERO_SIZE_KEYS and (zero_stage == 3 or not key.startswith("stage3_")):
+            sizes[key] = int(value)
+    return sizes
 
 
 def memory_plan(counts: ParamCounts, *, zero_stage: int, world: int, micro: int, seq_len: int, layers: int,
                 hidden: int, heads: int, vocab: int, precision: str = "fp32", offload: str = "none",
                 checkpointing: bool = False, score_matrices: bool = True, layer_params: int = 0,
-                gpu: bool | None = None) -> dict[str, float]:
+                gpu: bool | None = None, zero_overrides: dict | None = None) -> dict[str, float]:
     """Estimated peak bytes per process on its device (weights, gradients, AdamW state, activations) and in
     host memory (what ZeRO-Offload moves there).
 
@@ -85,29 +118,33 @@ def memory_plan(counts: ParamCounts, *, zero_stage: int, world: int, micro: int,
     gradients in 2 bytes and an fp32 master copy plus both AdamW moments (12 bytes per trainable weight).
     ZeRO-1 partitions the optimizer state over the ranks, ZeRO-2 the gradients too, ZeRO-3 the weights too
     (a rank then holds its shard plus the gathered layers in flight: the current and the prefetched one).
+    Bucket and gather sizes are `zero_sizes`' (the trainer's, with `zero_overrides` applied).
     `score_matrices`: eager attention stores the (heads x seq x seq) scores; SDPA/flash kernels do not.
     `checkpointing` keeps each layer's input and recomputes one layer's activations at a time in backward.
     """
     w = PRECISION_BYTES[precision]
     weights = counts.total * w
     host = 0.0
+    sizes = zero_sizes(zero_stage, hidden, layer_params, zero_overrides)
     if zero_stage == 3:
-        # Gathered weights stay resident up to stage3_max_live_parameters (1e9 by default), and DeepSpeed keeps
-        # those it will reuse within stage3_max_reuse_distance (1e9): a model under 1e9 parameters ends up wholly
-        # gathered on every rank after the first step (measured: SmolLM2 at ZeRO-3 peaks above ZeRO-0), a larger
-        # one holds 1e9 of them. Never less than the current and the prefetched layer.
-        live = max(2 * layer_params, min(counts.total, MAX_LIVE)) * w
+        # DeepSpeed keeps a gathered weight while it is reused within stage3_max_reuse_distance weights (with its
+        # 1e9 default, a smaller model stays wholly gathered: measured, SmolLM2 at ZeRO-3 then peaked above
+        # ZeRO-0). At the step's peak (the loss's backward) the LM head is gathered beside the prefetched layer.
+        lm_head = vocab * hidden
+        live = max(2 * layer_params, lm_head + layer_params,
+                   min(counts.total, sizes["stage3_max_reuse_distance"])) * w
         host += weights / world if offload == "optimizer_and_params" else 0.0
         weights = live + (0.0 if offload == "optimizer_and_params" else weights / world)
     grads = counts.trainable * w / (world if zero_stage >= 2 else 1)
     if world > 1:
-        # DeepSpeed reduces gradients through a flat bucket of up to 5e8 elements in the gradient dtype (ZeRO-0's
-        # all-reduce, ZeRO-1/2's and ZeRO-3's reduce buckets): a second copy of up to that many gradients at the
+        # DeepSpeed reduces gradients through a flat bucket in the gradient dtype (ZeRO-0's all-reduce: 5e8
+        # elements, fixed; ZeRO-1/2/3: reduce_bucket_size): a second copy of up to that many gradients at the
         # step's peak (measured on SmolLM2 at ZeRO-0: +1.0x its fp32 gradients). ZeRO-3 allocates its bucket
         # whole up front; on a GPU that is all resident, on a CPU only the pages written. `gpu` defaults to "no
         # score matrices", as both callers (the planner and the in-run plan) pass score_matrices=not gpu.
         gpu = (not score_matrices) if gpu is None else gpu
-        grads += (REDUCE_BUCKET if zero_stage == 3 and gpu else min(counts.trainable, REDUCE_BUCKET)) * w
+        bucket = sizes.get("reduce_bucket_size", REDUCE_BUCKET)
+        grads += (bucket if zero_stage == 3 and gpu else min(counts.trainable, bucket)) * w
     # fp32 AdamW keeps two moments; ZeRO >= 1 also keeps a flat fp32 copy of the trainable partition. Mixed
     # precision always keeps the fp32 master copy beside the moments.
     per_weight = 12 if precision != "fp32" or zero_stage >= 1 else 8

@@ -11,7 +11,13 @@ import time
 
 import numpy as np
 
-from training.metrics import count_params, flops_per_token, measured_peak_flops, memory_plan
+from training.metrics import (
+    count_params,
+    decoder_layer_params,
+    flops_per_token,
+    measured_peak_flops,
+    memory_plan,
+)
 
 
 def lengths(reader, max_len: int | None, probe: int = 256) -> tuple[float, int]:
@@ -58,11 +64,12 @@ def make_plan(model, prep, reader, micro_batch, device: str, *, measure: bool = 
     fpt = flops_per_token(counts, layers=layers, hidden=hidden, seq_len=round(mean_len))
     tokens = t.max_steps * prep.global_batch * mean_len
     seq = max_len
-    layer_params = max(0, counts.matmul_trainable + counts.matmul_frozen - mc.vocab_size * hidden) // max(1, layers)
+    layer_params = decoder_layer_params(counts, mc)
     memory = memory_plan(counts, zero_stage=t.zero_stage, world=prep.world_size, micro=prep.micro, seq_len=seq,
                          layers=layers, hidden=hidden, heads=mc.num_attention_heads, vocab=mc.vocab_size,
                          precision=prep.precision, offload=t.offload, checkpointing=t.activation_checkpointing,
-                         layer_params=layer_params, score_matrices=device == "cpu")  # as the planner assumes
+                         layer_params=layer_params, score_matrices=device == "cpu",  # as the planner assumes
+                         zero_overrides=t.deepspeed.extra.get("zero_optimization"))
     if t.mode == "qlora":  # the 4-bit base's bytes, as the planner counts them before the job
         from training.planner import qlora_memory
 

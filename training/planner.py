@@ -87,16 +87,14 @@ class Costing:
     """Memory and FLOPs of one model at one sequence length, for any Shape."""
 
     def __init__(self, model, t, seq_len: int, mean_len: float, hw: Hardware) -> None:
-        from training.metrics import count_params
+        from training.metrics import count_params, decoder_layer_params
 
         mc = getattr(model, "config", None)
         self.counts_lora = count_params(model)
         self.layers, self.hidden = mc.num_hidden_layers, mc.hidden_size
         self.heads, self.vocab = mc.num_attention_heads, mc.vocab_size
         self.seq_len, self.mean_len, self.hw, self.t = seq_len, mean_len, hw, t
-        matmul = self.counts_lora.matmul_trainable + self.counts_lora.matmul_frozen
-        # One decoder layer's weights: what ZeRO-3 gathers at a time (the LM head aside).
-        self.layer_params = max(0, matmul - self.vocab * self.hidden) // max(1, self.layers)
+        self.layer_params = decoder_layer_params(self.counts_lora, mc)
 
     def counts(self, shape: Shape):
         from training.metrics import ParamCounts
@@ -119,7 +117,8 @@ class Costing:
                            seq_len=self.seq_len, layers=self.layers, hidden=self.hidden, heads=self.heads,
                            vocab=self.vocab, precision=shape.precision, offload=shape.offload,
                            checkpointing=shape.checkpointing, score_matrices=not self.hw.gpu,
-                           layer_params=self.layer_params)
+                           layer_params=self.layer_params,
+                           zero_overrides=self.t.deepspeed.extra.get("zero_optimization"))
         return qlora_memory(plan, counts, shape.precision, self.vocab * self.hidden, self.layer_params) \
             if shape.mode == "qlora" else plan
 

@@ -121,7 +121,7 @@ class _Run:
         self.reader = SnapshotReader(prep.snapshot_dir, "train")
         self.val_reader = SnapshotReader(prep.snapshot_dir, "validation")
         config = ds_config(t, w, micro=prep.micro, accum=prep.accum, universal=prep.universal,
-                           precision=prep.precision)
+                           precision=prep.precision, shape=_zero_shape(prep.base["path"], t))
         model = build_model(prep.base["path"], t, seed, ds=config)
         _seed_all(seed + w.rank)
         model.to(w.device)
@@ -329,6 +329,18 @@ def _agree(reason: str | None, device: str) -> str | None:
     if flag.item() > 0:
         return reason or "stopped by report on another rank"
     return None
+
+
+def _zero_shape(base_path: str, t) -> tuple[int, int] | None:
+    """(hidden size, one decoder layer's weights) from the model built on the meta device: ZeRO sizes its
+    buffers from them before the weights exist (under ZeRO-3 they are partitioned as they load)."""
+    if t.zero_stage < 1:
+        return None
+    from training.metrics import count_params, decoder_layer_params
+    from training.planner import meta_model
+
+    meta = meta_model(base_path, t)
+    return meta.config.hidden_size, decoder_layer_params(count_params(meta), meta.config)
 
 
 def _seed_all(seed: int) -> None:
