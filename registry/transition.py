@@ -263,8 +263,8 @@ def _write_display_later(model: str, plan: Plan, written: list, held: contextlib
             held.close()
 
     thread = threading.Thread(target=write, name=f"display-{model}")
+    thread.start()  # started before it is listed: another thread's flush may join it at once
     _DISPLAY.append(thread)
-    thread.start()
 
 
 def flush_display(*, report: bool = False) -> None:
