@@ -236,3 +236,12 @@ def test_a_lora_job_too_big_for_its_card_is_told_that_qlora_would_fit(llama_7b):
     plan = plan_job(cfg, hw=card(16), tokens=1e6, seq_len=4096, base_path=str(llama_7b))
     assert not plan["fits"]  # a 13.5 GB bf16 base plus activations on a 16 GiB card
     assert ["train.mode=qlora"] in [f["overrides"] for f in plan["fixes"]]
+
+
+def test_qlora_keeps_deepspeeds_zero_sizes_and_takes_only_overrides():
+    from training.metrics import zero_sizes
+
+    assert zero_sizes(3, 64, 1000, mode="qlora") == {}
+    assert zero_sizes(3, 64, 1000, {"reduce_bucket_size": 7, "stage3_max_live_parameters": 9}, mode="qlora") == \
+        {"reduce_bucket_size": 7, "stage3_max_live_parameters": 9}
+    assert zero_sizes(2, 64, 1000, {"stage3_max_live_parameters": 9}, mode="qlora") == {}

@@ -154,3 +154,20 @@ def test_merged_qlora_model_converts_to_gguf_with_llama_cpp(make_cfg, tmp_path, 
 
     names = {t.name for t in GGUFReader(str(gguf)).tensors}
     assert "blk.0.attn_q.weight" in names and not any("lora" in n for n in names)
+
+
+def test_training_keeps_the_4bit_layout_through_eval_forwards():
+    import bitsandbytes as bnb
+    import torch
+
+    from training.qlora import keep_training_layout
+
+    model = torch.nn.Sequential(bnb.nn.Linear4bit(64, 64, compute_dtype=torch.bfloat16, quant_type="nf4"))
+    model[0].weight = bnb.nn.Params4bit(model[0].weight.data, requires_grad=False, quant_type="nf4").to("cpu")
+    keep_training_layout(model)
+    assert model[0].support_avx512bf16_for_cpu is False
+    shape = tuple(model[0].weight.shape)
+    with torch.no_grad():
+        model.eval()(torch.randn(2, 64, dtype=torch.bfloat16))
+    assert tuple(model[0].weight.shape) == shape  # not repacked into the CPU inference layout
+    assert not getattr(model[0].weight.quant_state, "packing_format_for_cpu", False)

@@ -41,6 +41,7 @@ def init_world(backend: str = "auto") -> World:
     gpu = torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "") != "cpu"
     if not gpu:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        bound_host_heap()
     chosen = backend if backend != "auto" else ("nccl" if gpu else "gloo")
     import deepspeed
 
@@ -50,6 +51,31 @@ def init_world(backend: str = "auto") -> World:
     if gpu:
         torch.cuda.set_device(local)
     return World(dist.get_rank(), dist.get_world_size(), local, f"cuda:{local}" if gpu else "cpu", chosen)
+
+
+HEAP_MMAP_THRESHOLD = 128 * 1024  # glibc's own starting value, held fixed
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
+
+
+def bound_host_heap() -> bool:
+    """Keep freed tensor memory from staying resident on a CPU rank; False where it does not apply.
+
+    glibc raises its mmap threshold (up to 32 MiB) each time a large mmapped block is freed, so later blocks of
+    that size come from the heap and stay resident after they are freed. A CPU training step frees and
+    reallocates blocks of every size each step (ZeRO's buckets and partitions, activations), and the resident
+    size climbed over the first steps to 1.3-1.6x the tensors the plan counts (benchmarks/RESULTS.md, issue 28).
+    A fixed threshold returns every large block to the system when it is freed. A user's own MALLOC_* setting
+    wins; only glibc has mallopt."""
+    import ctypes
+    import platform
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    if any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD")):
+        return False
+    libc = ctypes.CDLL(None)
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD)) and \
+        bool(libc.mallopt(_M_TRIM_THRESHOLD, HEAP_MMAP_THRESHOLD))
 
 
 def build_model(base_path: str, cfg, seed: int, *, ds: dict | None = None):
@@ -131,7 +157,7 @@ def ds_config(cfg, world: World, *, micro: int, accum: int, universal: bool = Fa
     (training.metrics.zero_sizes), as the plan counts them; train.deepspeed.extra overrides any of it."""
     zero: dict = {"stage": int(cfg.zero_stage)}
     if shape is not None:
-        zero.update(zero_sizes(int(cfg.zero_stage), *shape))
+        zero.update(zero_sizes(int(cfg.zero_stage), *shape, mode=cfg.mode))
     gpu = world.device != "cpu"
     if cfg.offload != "none":
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": gpu}

@@ -78,11 +78,13 @@ PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 REDUCE_BUCKET = 500_000_000  # DeepSpeed 0.19.8's ZeRO-0 all-reduce bucket (fixed), in elements
 MIN_BUCKET = 1 << 20  # below ~1M elements per collective, call overhead dominates (gloo and nccl alike)
 OFFLOADS = ("none", "optimizer", "optimizer_and_params")
+DEEPSPEED_REUSE_DISTANCE = 1_000_000_000  # DeepSpeed's stage3_max_reuse_distance default, in elements
 ZERO_SIZE_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
                   "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance")
 
 
-def zero_sizes(zero_stage: int, hidden: int, layer_params: int, overrides: dict | None = None) -> dict[str, int]:
+def zero_sizes(zero_stage: int, hidden: int, layer_params: int, overrides: dict | None = None, *,
+               mode: str = "full") -> dict[str, int]:
     """DeepSpeed's ZeRO buffer sizes for one model shape, in elements; `overrides` (train.deepspeed.extra's
     zero_optimization) win. The trainer writes these into the DeepSpeed config and the plan counts them.
 
@@ -91,9 +93,17 @@ def zero_sizes(zero_stage: int, hidden: int, layer_params: int, overrides: dict 
     reuse distance spans the whole forward and backward), so the per-rank weight memory was the whole model's.
     Sized from the shape, as transformers' "auto" values do: buckets of hidden^2 (at least MIN_BUCKET), a
     weight stays gathered only while it is reused within one layer's weights, and at most two layers' weights
-    are gathered ahead."""
+    are gathered ahead.
+
+    QLoRA keeps DeepSpeed's defaults: its 4-bit base is frozen and never partitioned (see the planner's
+    qlora_memory), and with the base's small quantized tensors and the adapters partitioned and fetched one by
+    one, ZeRO-3's fetch trace broke between steps (measured: "tracing error at step N", DeepSpeed 0.19.8 with
+    bitsandbytes 0.50.2); only the overrides apply."""
     if zero_stage < 1:
         return {}
+    if mode == "qlora":
+        return {key: int(value) for key, value in (overrides or {}).items()
+                if key in ZERO_SIZE_KEYS and (zero_stage == 3 or not key.startswith("stage3_"))}
     bucket = max(MIN_BUCKET, hidden * hidden)
     sizes = {"reduce_bucket_size": bucket, "allgather_bucket_size": bucket}
     if zero_stage == 3:
@@ -110,7 +120,7 @@ def zero_sizes(zero_stage: int, hidden: int, layer_params: int, overrides: dict 
 def memory_plan(counts: ParamCounts, *, zero_stage: int, world: int, micro: int, seq_len: int, layers: int,
                 hidden: int, heads: int, vocab: int, precision: str = "fp32", offload: str = "none",
                 checkpointing: bool = False, score_matrices: bool = True, layer_params: int = 0,
-                gpu: bool | None = None, zero_overrides: dict | None = None) -> dict[str, float]:
+                gpu: bool | None = None, zero_overrides: dict | None = None, mode: str = "full") -> dict[str, float]:
     """Estimated peak bytes per process on its device (weights, gradients, AdamW state, activations) and in
     host memory (what ZeRO-Offload moves there).
 
@@ -125,14 +135,14 @@ def memory_plan(counts: ParamCounts, *, zero_stage: int, world: int, micro: int,
     w = PRECISION_BYTES[precision]
     weights = counts.total * w
     host = 0.0
-    sizes = zero_sizes(zero_stage, hidden, layer_params, zero_overrides)
+    sizes = zero_sizes(zero_stage, hidden, layer_params, zero_overrides, mode=mode)
     if zero_stage == 3:
         # DeepSpeed keeps a gathered weight while it is reused within stage3_max_reuse_distance weights (with its
         # 1e9 default, a smaller model stays wholly gathered: measured, SmolLM2 at ZeRO-3 then peaked above
         # ZeRO-0). At the step's peak (the loss's backward) the LM head is gathered beside the prefetched layer.
         lm_head = vocab * hidden
         live = max(2 * layer_params, lm_head + layer_params,
-                   min(counts.total, sizes["stage3_max_reuse_distance"])) * w
+                   min(counts.total, sizes.get("stage3_max_reuse_distance", DEEPSPEED_REUSE_DISTANCE))) * w
         host += weights / world if offload == "optimizer_and_params" else 0.0
         weights = live + (0.0 if offload == "optimizer_and_params" else weights / world)
     grads = counts.trainable * w / (world if zero_stage >= 2 else 1)

@@ -69,7 +69,7 @@ def make_plan(model, prep, reader, micro_batch, device: str, *, measure: bool = 
                          layers=layers, hidden=hidden, heads=mc.num_attention_heads, vocab=mc.vocab_size,
                          precision=prep.precision, offload=t.offload, checkpointing=t.activation_checkpointing,
                          layer_params=layer_params, score_matrices=device == "cpu",  # as the planner assumes
-                         zero_overrides=t.deepspeed.extra.get("zero_optimization"))
+                         zero_overrides=t.deepspeed.extra.get("zero_optimization"), mode=t.mode)
     if t.mode == "qlora":  # the 4-bit base's bytes, as the planner counts them before the job
         from training.planner import qlora_memory
 

@@ -118,7 +118,7 @@ class Costing:
                            vocab=self.vocab, precision=shape.precision, offload=shape.offload,
                            checkpointing=shape.checkpointing, score_matrices=not self.hw.gpu,
                            layer_params=self.layer_params,
-                           zero_overrides=self.t.deepspeed.extra.get("zero_optimization"))
+                           zero_overrides=self.t.deepspeed.extra.get("zero_optimization"), mode=shape.mode)
         return qlora_memory(plan, counts, shape.precision, self.vocab * self.hidden, self.layer_params) \
             if shape.mode == "qlora" else plan
 

@@ -61,9 +61,21 @@ def prepare_for_training(model, *, activation_checkpointing: bool):
     (so checkpointed layers over a frozen base still backpropagate into the adapters)."""
     from peft import prepare_model_for_kbit_training
 
+    keep_training_layout(model)
     return prepare_model_for_kbit_training(
         model, use_gradient_checkpointing=activation_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False} if activation_checkpointing else None)
+
+
+def keep_training_layout(model) -> None:
+    """On a CPU with AVX512-BF16, bitsandbytes repacks a Linear4bit's bytes in place on its first no-grad eval
+    forward (an inference layout) and unpacks them again in state_dict. In a run that breaks what holds the
+    weights: ZeRO-3's fetch trace sees new shapes after the first validation ("tracing error at step N") and a
+    checkpoint unpacks a partitioned, empty tensor (an AssertionError in bitsandbytes). Training, validation
+    and checkpoints keep the one layout the base was quantized in; the merged deployment model is dequantized."""
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
 
 
 def dequantized_base(base_path: str, precision: str):
