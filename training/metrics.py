@@ -101,12 +101,9 @@ def zero_sizes(zero_stage: int, hidden: int, layer_params: int, overrides: dict 
     bitsandbytes 0.50.2); only the overrides apply."""
     if zero_stage < 1:
         return {}
-    if mode == "qlora":
-        return {key: int(value) for key, value in (overrides or {}).items()
-                if key in ZERO_SIZE_KEYS and (zero_stage == 3 or not key.startswith("stage3_"))}
     bucket = max(MIN_BUCKET, hidden * hidden)
-    sizes = {"reduce_bucket_size": bucket, "allgather_bucket_size": bucket}
-    if zero_stage == 3:
+    sizes = {} if mode == "qlora" else {"reduce_bucket_size": bucket, "allgather_bucket_size": bucket}
+    if zero_stage == 3 and mode != "qlora":
         sizes.update({"stage3_prefetch_bucket_size": max(MIN_BUCKET, int(0.9 * hidden * hidden)),
                       "stage3_param_persistence_threshold": 10 * hidden,
                       "stage3_max_live_parameters": max(2 * layer_params, bucket),
