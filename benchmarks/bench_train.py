@@ -233,6 +233,7 @@ class AnonPeak:
         import threading
 
         self.every_s, self.base, self.peak = every_s, status_kib("RssAnon"), 0
+        self.phase, self.phases = "setup", {}  # the peak within each named phase (forward, backward, step)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         with open("/proc/self/clear_refs", "w") as fh:
@@ -241,17 +242,43 @@ class AnonPeak:
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, status_kib("RssAnon"))
+            self._note(status_kib("RssAnon"))
             self._stop.wait(self.every_s)
+
+    def _note(self, anon_kib: int) -> None:
+        self.peak = max(self.peak, anon_kib)
+        self.phases[self.phase] = max(self.phases.get(self.phase, 0), anon_kib)
+
+    def enter(self, phase: str) -> None:
+        """Samples from now on count toward `phase` (the call's own start and end are sampled too)."""
+        self._note(status_kib("RssAnon"))
+        self.phase = phase
+        self._note(status_kib("RssAnon"))
 
     def start(self) -> AnonPeak:
         self._thread.start()
         return self
 
     def read(self) -> dict:
-        self.peak = max(self.peak, status_kib("RssAnon"))
+        self._note(status_kib("RssAnon"))
         return {"peak_bytes": (self.peak - self.base) * 1024.0,
-                "hwm_bytes": (status_kib("VmHWM") - self.hwm_base) * 1024.0}
+                "hwm_bytes": (status_kib("VmHWM") - self.hwm_base) * 1024.0,
+                "phase_peak_bytes": {k: (v - self.base) * 1024.0 for k, v in self.phases.items()}}
+
+    def watch(self, owner, names: tuple[str, ...]) -> None:
+        """Wrap owner's methods so their calls are phases of their own name."""
+        for name in names:
+            original = getattr(owner, name)
+
+            def wrapped(*args, _original=original, _name=name, **kwargs):
+                outer = self.phase
+                self.enter(_name)
+                try:
+                    return _original(*args, **kwargs)
+                finally:
+                    self.enter(outer)
+
+            setattr(owner, name, wrapped)
 
     def stop(self) -> None:
         self._stop.set()
@@ -319,6 +346,9 @@ def rank_worker(spec_path: str) -> None:
 
     gc.collect()
     sampler = AnonPeak().start()
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    sampler.watch(DeepSpeedEngine, ("forward", "backward", "step"))  # which phase holds the peak
     measured: dict = {}
     import training.steps
 
@@ -408,11 +438,17 @@ def matrix_line(row: dict) -> str:
     peak = max(r["peak_bytes"] for r in row["ranks"])
     ratio = planned / peak
     setup = max(r.get("setup_peak_bytes", float("nan")) for r in row["ranks"])
+    phases = {}
+    for r in row["ranks"]:
+        for phase, value in r.get("phase_peak_bytes", {}).items():
+            phases[phase] = max(phases.get(phase, 0.0), value)
+    by_phase = ", ".join(f"{k} {v / mib:.0f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1]))
     return (f"{label}: {row['step_s'] * 1e3:8.1f} ms/step; peak/rank {peak / mib:7.1f} MiB (VmHWM "
             f"{max(r['hwm_bytes'] for r in row['ranks']) / mib:.1f}; before the first step {setup / mib:.1f}), "
             f"plan {planned / mib:7.1f} MiB: plan/measured "
             f"{ratio:.2f} (goal 0.8-1.25) {'ok' if 0.8 <= ratio <= 1.25 else 'MISSED'}; model state/rank "
-            f"{max(r['model_state_bytes'] for r in row['ranks']) / mib:.1f} MiB (plan {planned_state / mib:.1f})")
+            f"{max(r['model_state_bytes'] for r in row['ranks']) / mib:.1f} MiB (plan {planned_state / mib:.1f})"
+            + (f"; peak by phase (MiB): {by_phase}" if by_phase else ""))
 
 
 def matrix_summary(model: str, measured: dict) -> None:

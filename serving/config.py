@@ -34,6 +34,10 @@ class RequestLogConfig(StrictModel):
                        "rather than delaying a user")
     batch_rows: int = Field(200, ge=1, description="rows written per database transaction")
     flush_seconds: float = Field(0.5, gt=0, description="longest a row waits before it is written")
+    idle_lag_seconds: float = Field(
+        5.0, ge=0, description="traces wait up to this long for CPU time nothing else wants (the writer runs at idle "
+        "priority); an older backlog is written at nice 10, competing with the gateway. 0: always nice 10"
+    )
 
 
 class ShadowConfig(StrictModel):

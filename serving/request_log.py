@@ -92,19 +92,20 @@ class RequestLogWriter:
 
     def __init__(self, *, url: str | None = None, queue_size: int = 10000, batch_rows: int = 200,
                  flush_seconds: float = 0.5, retention_days: float | None = 30.0,
-                 process: bool = False) -> None:
-        self.url = url
+                 process: bool = False, idle_lag_seconds: float = 5.0) -> None:
+        self.url, self.idle_lag_seconds = url, idle_lag_seconds
         self.batch_rows, self.flush_seconds, self.retention_days = batch_rows, flush_seconds, retention_days
         # process: the MLflow writes run in a niced child (serving.trace_writer), away from the gateway's GIL.
         self._child = None
         if process:
             from serving.trace_writer import TraceWriterProcess
 
-            self._child = TraceWriterProcess(url)
+            self._child = TraceWriterProcess(url, idle=idle_lag_seconds > 0)
         self.counts: Counter = Counter()  # outcome -> rows: written, dropped_full, duplicate, write_error
         self.on_count: Callable[[str, int], None] | None = None  # metrics
         self.feedback_counts: Counter = Counter()  # outcome -> ratings: stored, written_behind, lost
         self.on_feedback_count: Callable[[str], None] | None = None  # metrics
+        self.gateway_busy: Callable[[], bool] | None = None  # requests in flight (the server sets it)
         self.pruned = 0
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._pending: Counter = Counter()  # request ids queued and not yet written
@@ -120,7 +121,8 @@ class RequestLogWriter:
     def from_config(cls, cfg) -> RequestLogWriter:
         """From `serve.request_log` (a `serving_config.RequestLogConfig`)."""
         return cls(url=cfg.database, queue_size=cfg.queue, batch_rows=cfg.batch_rows,
-                   flush_seconds=cfg.flush_seconds, retention_days=cfg.retention_days, process=True)
+                   flush_seconds=cfg.flush_seconds, retention_days=cfg.retention_days, process=True,
+                   idle_lag_seconds=cfg.idle_lag_seconds)
 
     # ------------------------------------------------------------------ any thread
 
@@ -302,9 +304,27 @@ class RequestLogWriter:
     def _write_rows(self, rows: list[LoggedRequest]) -> list[str]:
         from mlops.requestlog import write_requests
 
+        left = self._wait_for_a_pause(rows)
         if self._child is not None:
-            return self._child.write(rows)
+            return self._child.write(rows, idle_for=left)
         return write_requests(rows, self.url)
+
+    def _wait_for_a_pause(self, rows: list[LoggedRequest]) -> float:
+        """Hold the batch while the gateway serves requests, up to the idle lag; returns the lag left (the child
+        then writes at idle priority for that long). Deferred writes cost a burst of traffic nothing, and a
+        backlog past the lag is written anyway, so traffic that never pauses delays traces, never drops them."""
+        left = self._idle_for(rows)
+        while left > 0 and self.gateway_busy is not None and self.gateway_busy() and not self._stop.is_set():
+            time.sleep(0.01)
+            left = self._idle_for(rows)
+        return left
+
+    def _idle_for(self, rows: list[LoggedRequest]) -> float:
+        """How much longer these rows may wait for idle CPU: none once the oldest has waited idle_lag_seconds or a
+        quarter of the queue is taken (a writer that only ever waits would drop rows when traffic never pauses)."""
+        if self._stop.is_set() or self._queue.qsize() * 4 >= self._queue.maxsize:
+            return 0.0
+        return self.idle_lag_seconds - (time.time() - min(r.ts for r in rows))
 
     def _prune(self) -> None:
         if not self.retention_days:

@@ -278,6 +278,7 @@ def _context(slot: ModelSlot, config: ServeConfig, keys, request_log, shadow, lo
     if request_log is not None:
         request_log.on_count = lambda outcome, n: metrics.request_log_rows.labels(outcome).inc(n)
         request_log.on_feedback_count = lambda outcome: metrics.feedback.labels(outcome).inc()
+        request_log.gateway_busy = lambda: bool(ctx.slot.inflight() or ctx.canary.slot.inflight())
         request_log.start()
     if shadow is not None:
         shadow.slot.engine_factory = slot.engine_factory

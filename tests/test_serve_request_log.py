@@ -127,6 +127,8 @@ def test_mlops_serve_writes_traces_from_a_niced_child_process_and_replaces_one_t
     assert writer.flush(120)
     child = writer._child._proc
     assert os.getpriority(os.PRIO_PROCESS, child.pid) > os.getpriority(os.PRIO_PROCESS, os.getpid())
+    if writer._child.idle_allowed:  # a young backlog is written on CPU time nothing else wants
+        assert os.sched_getscheduler(child.pid) == os.SCHED_IDLE
     child.kill()
     child.wait()
     writer.submit(LoggedRequest("second", "bot", "1", "/v1/completions", [], "y"))
@@ -135,6 +137,7 @@ def test_mlops_serve_writes_traces_from_a_niced_child_process_and_replaces_one_t
     if os.geteuid() == 0:  # draining: the child goes back to the gateway's priority (needs CAP_SYS_NICE)
         assert writer._child.hurry()
         assert os.getpriority(os.PRIO_PROCESS, replaced.pid) == os.getpriority(os.PRIO_PROCESS, os.getpid())
+        assert os.sched_getscheduler(replaced.pid) == os.SCHED_OTHER
     writer.close()
     rows = {r["request_id"]: r for r in read_requests()}
     assert set(rows) == {"first", "second"} and "a@b.org" not in rows["first"]["messages"][0]["content"]
@@ -166,6 +169,28 @@ def test_a_stopping_writer_retires_its_niced_child_and_writes_what_is_queued_its
     writer.close()
     assert child.closed and writer._child is None
     assert sorted(r["request_id"] for r in read_requests()) == ["a", "b"] and writer.counts["written"] == 2
+
+
+def test_traces_wait_for_a_pause_in_traffic_and_a_backlog_past_the_idle_lag_is_written_anyway(traced_home):
+    from mlops.requestlog import LoggedRequest
+    from serving.request_log import RequestLogWriter
+
+    writer = RequestLogWriter(flush_seconds=0.01, retention_days=None, idle_lag_seconds=1.5)
+    busy = [True]
+    writer.gateway_busy = lambda: busy[0]
+    writer.start()
+    submitted = time.monotonic()
+    writer.submit(LoggedRequest("during-traffic", "bot", "1", "/v1/completions", [], "x"))
+    time.sleep(0.5)
+    assert writer.counts["written"] == 0  # requests in flight: the trace waits
+    assert writer.flush(30) and writer.counts["written"] == 1
+    assert time.monotonic() - submitted >= 1.5  # traffic never paused: written once the lag ran out
+    busy[0] = False
+    paused = time.monotonic()
+    writer.submit(LoggedRequest("in-a-pause", "bot", "1", "/v1/completions", [], "y"))
+    assert writer.flush(30) and writer.counts["written"] == 2
+    assert time.monotonic() - paused < 1.5
+    writer.close()
 
 
 def test_a_reused_request_id_costs_only_its_own_row(traced_home):
