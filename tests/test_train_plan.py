@@ -86,9 +86,33 @@ def test_each_memory_lever_lowers_what_it_should():
                         zero_overrides={"stage3_max_reuse_distance": 1_000_000_000}, **shape)
     assert whole["weights"] == 2e6 / 4 + 1e6 * 2
     offloaded = memory_plan(counts, zero_stage=3, precision="bf16", offload="optimizer_and_params", **shape)
-    assert offloaded["optimizer"] == 0 and offloaded["host"] == 12e6 / 4 + 2e6 / 4
+    # Host: the optimizer state and the weight shards, and the step's flat fp32 gradients and AdamW temporaries.
+    assert offloaded["optimizer"] == 0 and offloaded["host"] == 12e6 / 4 + 2e6 / 4 + (4 + 2 * 4) * 1e6 / 4
     ckpt = memory_plan(counts, zero_stage=0, checkpointing=True, **shape)
     assert ckpt["activations"] < fp32["activations"] / 2
+
+
+def test_the_optimizer_step_is_planned_where_zero_and_mixed_precision_peak():
+    from training.metrics import ParamCounts, memory_plan
+
+    counts = ParamCounts(10**8, 10**8, 10**8, 0, largest_trainable=10**7)
+    shape = {"world": 2, "micro": 1, "seq_len": 64, "layers": 2, "hidden": 256, "heads": 4, "vocab": 1000}
+    part = 10**8 / 2
+    z2 = memory_plan(counts, zero_stage=2, **shape)
+    # The flat fp32 gradient partition, and on a CPU two AdamW temporaries of it (single-tensor path).
+    assert z2["step"] == 4 * part + 2 * 4 * part
+    assert z2["total"] == z2["weights"] + z2["optimizer"] + z2["step"]  # above the backward's figure
+    assert z2["total"] > z2["weights"] + z2["gradients"] + z2["optimizer"] + z2["activations"]
+    on_gpu = memory_plan(counts, zero_stage=2, gpu=True, **shape)
+    assert on_gpu["step"] == 4 * part + 4 * part  # foreach: one temporary for the whole group
+    z3 = memory_plan(counts, zero_stage=3, layer_params=10**6, **shape)
+    # ZeRO-3 releases the gathered weights before its step, and keeps its gradient partition for the run.
+    assert z3["step"] == 4 * part + 4 * part + 2 * 4 * part
+    assert z3["total"] == 4 * part + z3["optimizer"] + z3["step"]
+    z0 = memory_plan(counts, zero_stage=0, **shape)  # the module's gradients; AdamW steps one weight at a time
+    assert z0["step"] == 4e8 + 2 * 4 * 10**7
+    bf16 = memory_plan(counts, zero_stage=0, precision="bf16", **shape)  # bf16 gradients and their fp32 copies
+    assert bf16["step"] == 2e8 + 4e8 + 2 * 4 * 10**7
 
 
 def test_zero_buffers_are_sized_from_the_model_and_the_plan_counts_the_same_sizes():

@@ -20,6 +20,7 @@ class ParamCounts:
     trainable: int
     matmul_trainable: int  # weights of Linear layers (incl. the LM head) that train
     matmul_frozen: int
+    largest_trainable: int = 0  # the largest trainable tensor (the optimizer's temporaries follow it); 0: unknown
 
     @property
     def frozen(self) -> int:
@@ -30,13 +31,15 @@ def count_params(model) -> ParamCounts:
     import torch
 
     seen: set[int] = set()
-    total = trainable = mm_train = mm_frozen = 0
+    total = trainable = mm_train = mm_frozen = largest = 0
     for p in model.parameters():
         if id(p) in seen:
             continue
         seen.add(id(p))
         total += _numel(p)
-        trainable += _numel(p) if p.requires_grad else 0
+        if p.requires_grad:
+            trainable += _numel(p)
+            largest = max(largest, _numel(p))
     counted: set[int] = set()
     for module in model.modules():
         weight = getattr(module, "weight", None)
@@ -46,7 +49,7 @@ def count_params(model) -> ParamCounts:
                 mm_train += _numel(weight)
             else:
                 mm_frozen += _numel(weight)
-    return ParamCounts(total, trainable, mm_train, mm_frozen)
+    return ParamCounts(total, trainable, mm_train, mm_frozen, largest)
 
 
 def _numel(p) -> int:
@@ -158,6 +161,10 @@ def memory_plan(counts: ParamCounts, *, zero_stage: int, world: int, micro: int,
     optim = counts.trainable * per_weight / (world if zero_stage >= 1 else 1)
     if offload != "none":
         host, optim = host + optim, 0.0
+    step, step_host = _optimizer_step(counts, zero_stage=zero_stage, world=world, precision=precision,
+                                      offload=offload, gpu=(not score_matrices) if gpu is None else gpu, vocab=vocab,
+                                      hidden=hidden)
+    host += step_host
     # Per layer (Korthikanti et al. 2022, for 2-byte activations; fp32 doubles them), plus the logits in float32
     # (the loss upcasts them in every precision) four times at the peak, in log_softmax's backward: the logits
     # (held by the output), the saved log-probabilities, the incoming gradient and the outgoing one. Measured
@@ -166,9 +173,41 @@ def memory_plan(counts: ParamCounts, *, zero_stage: int, world: int, micro: int,
     per_layer = micro * seq_len * hidden * (34 + scores) * w / 2
     kept = layers * micro * seq_len * hidden * w + per_layer if checkpointing else layers * per_layer
     activations = kept + 4 * micro * seq_len * vocab * 4
-    total = weights + grads + optim + activations
-    return {"weights": weights, "gradients": grads, "optimizer": optim, "activations": activations, "total": total,
-            "host": host}
+    backward = weights + grads + optim + activations
+    if zero_stage == 3:  # the step starts by releasing every gathered weight: a rank holds its shards then
+        weights_at_step = 0.0 if offload == "optimizer_and_params" else counts.total * w / world
+    else:
+        weights_at_step = weights
+    at_step = weights_at_step + optim + step
+    return {"weights": weights, "gradients": grads, "optimizer": optim, "activations": activations,
+            "step": step, "total": max(backward, at_step), "host": host}
+
+
+def _optimizer_step(counts: ParamCounts, *, zero_stage: int, world: int, precision: str, offload: str, gpu: bool,
+                    vocab: int, hidden: int) -> tuple[float, float]:
+    """(device, host) bytes the optimizer step holds beside the weights and the optimizer state: where ZeRO-1/2/3
+    and mixed precision peak (benchmarks/bench_train.py records the peak per phase; SmolLM2 at 2 ranks peaked in
+    the step at ZeRO-2 and ZeRO-3 in fp32 and bf16, and at ZeRO-0 in bf16).
+
+    - ZeRO-1/2/3 flatten this rank's averaged gradients into one fp32 partition for the optimizer (4 bytes per
+      trainable weight / world); ZeRO-3 also keeps its gradient partition buffer (in the gradient dtype) for the
+      whole run. ZeRO-0 keeps the module's gradients, and mixed precision an fp32 copy of each beside them.
+    - torch AdamW's temporaries (sqrt of the second moment, then its bias-corrected quotient): on a CPU the
+      single-tensor path holds two copies of the tensor in hand (ZeRO-1/2/3: the flat partition; ZeRO-0: the
+      largest weight); on a GPU the foreach path holds one for the whole group (measured on this CPU: 2.0x a flat
+      256 MiB tensor)."""
+    part = counts.trainable / (world if zero_stage >= 1 else 1)
+    w = PRECISION_BYTES[precision]
+    if zero_stage >= 1:
+        grads = 4 * part + (w * part if zero_stage == 3 else 0.0)
+        in_hand = part
+    else:
+        grads = counts.trainable * w + (4 * counts.trainable if precision != "fp32" else 0.0)
+        in_hand = counts.largest_trainable or min(counts.trainable, vocab * hidden)
+    temporaries = 4 * (part if gpu else 2 * in_hand)
+    if offload != "none" and zero_stage >= 1:  # the flat fp32 partition and the step live in host memory
+        return grads - 4 * part, 4 * part + 4 * 2 * in_hand
+    return grads + temporaries, 0.0
 
 
 def checkpoint_bytes(counts: ParamCounts, *, mode: str, zero_stage: int) -> int:

@@ -161,7 +161,7 @@ def qlora_memory(plan: dict[str, float], counts, precision: str, lm_head: int, l
     upcast = counts.frozen - quantized
     weights = quantized * NF4_BYTES + upcast * 4 + counts.trainable * w + layer_params * w
     out = {**plan, "weights": weights}
-    out["total"] = weights + plan["gradients"] + plan["optimizer"] + plan["activations"]
+    out["total"] = weights + plan["optimizer"] + max(plan["gradients"] + plan["activations"], plan["step"])
     return out
 
 
@@ -297,6 +297,19 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
 
 
+def _peak_phase(plan: dict) -> str:
+    """Where the peak is: the backward (weights, gradients, optimizer state, activations) or the optimizer step
+    (weights or their shards, optimizer state, the step's fp32 gradients and AdamW temporaries)."""
+    gib = 2**30
+    m = {k: plan[f"memory_{k}_bytes"] / gib for k in ("weights", "gradients", "optimizer", "activations", "step")}
+    backward = m["weights"] + m["gradients"] + m["optimizer"] + m["activations"]
+    where = "in the backward" if backward >= plan["memory_total_bytes"] / gib - 1e-9 else "in the optimizer step"
+    return (f"peak {where}; host {plan['memory_host_bytes'] / gib:.1f} GiB\n         backward: weights "
+            f"{m['weights']:.1f}, gradients {m['gradients']:.1f}, optimizer {m['optimizer']:.1f}, activations "
+            f"{m['activations']:.1f}; step: {m['step']:.1f} of fp32 gradients and AdamW temporaries beside the "
+            "optimizer state and the weights it keeps")
+
+
 def describe(plan: dict) -> str:
     gib = 2**30
     lines = [
@@ -308,10 +321,8 @@ def describe(plan: dict) -> str:
         f"tokens   {plan['tokens']:.4g} ({plan['steps']:,} steps)"
         + (f"; the snapshot holds {plan['snapshot_tokens']:.4g}" if plan.get("snapshot_tokens") else ""),
         f"compute  {plan['flops_per_token']:.4g} FLOPs/token, {plan['flops_total']:.4g} FLOPs in all",
-        f"memory   {plan['memory_total_bytes'] / gib:.1f} GiB per rank (weights {plan['memory_weights_bytes'] / gib:.1f}"
-        f", gradients {plan['memory_gradients_bytes'] / gib:.1f}, optimizer {plan['memory_optimizer_bytes'] / gib:.1f}"
-        f", activations {plan['memory_activations_bytes'] / gib:.1f}; host {plan['memory_host_bytes'] / gib:.1f})"
-        f" of {plan['memory_limit_bytes'] / gib:.1f} GiB usable",
+        f"memory   {plan['memory_total_bytes'] / gib:.1f} GiB per rank of {plan['memory_limit_bytes'] / gib:.1f} GiB "
+        f"usable, {_peak_phase(plan)}",
         f"time     {_hours(plan['wall_time_s'])} at MFU {plan['mfu']:.2f} of {plan['peak_flops_per_device']:.3g} FLOP/s "
         f"per device; {_hours(plan['wall_time_with_margin_s'])} with the 20% margin",
     ]
