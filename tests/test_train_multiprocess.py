@@ -58,8 +58,13 @@ def test_two_process_zero2_resume_is_bitwise_identical(env, common, tmp_path):
     assert len(samples) == len(set(samples)) == 8 * 8  # global batch 8 (2 ranks x 2 x 2): one full epoch
 
 
-def test_universal_checkpoint_resumes_two_processes_on_one(env, common, tmp_path):
-    run = [*common, "train.zero_stage=2", "train.global_batch_size=8", f"train.checkpoint.dir={tmp_path / 'u'}"]
+QLORA = ["train.mode=qlora", 'train.lora.target_modules=["q_proj","k_proj","v_proj","o_proj","gate_proj",'
+         '"up_proj","down_proj"]']
+
+
+@pytest.mark.parametrize("mode", [[], QLORA], ids=["full", "qlora"])
+def test_universal_checkpoint_resumes_two_processes_on_one(env, common, tmp_path, mode):
+    run = [*common, *mode, "train.zero_stage=2", "train.global_batch_size=8", f"train.checkpoint.dir={tmp_path / 'u'}"]
     crashed = mlops_train(env, [*run, "train.debug.crash_after_step=5"], nproc=2, check=False)
     assert crashed.returncode != 0
     refused = mlops_train(env, run, nproc=1, check=False)

