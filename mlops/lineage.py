@@ -21,7 +21,7 @@ from mlops.errors import StrictModeError
 
 # 2: dedup clusters are transitive (connected components of the band-sharded LSH, kept by smallest source/line)
 # and quarantine is in (source, line) order, so a build key of pipeline 1 must not return its old snapshot.
-PIPELINE_VERSION = "2"
+PIPELINE_VERSION = "3"
 IMAGE_TAG_ENV = "MLOPS_IMAGE_TAG"
 
 

@@ -269,6 +269,30 @@ def test_workers_and_index_location_do_not_change_the_snapshot(build):
     assert one.snapshot_id == two.snapshot_id == in_memory.snapshot_id
 
 
+def test_the_driver_reads_no_record_its_workers_mix_check_and_write_every_batch(build, monkeypatch):
+    import os
+
+    from mlops.data import batchtasks, checks, clean
+
+    driver = os.getpid()
+
+    def only_on_workers(fn):
+        def guarded(*args, **kwargs):
+            assert os.getpid() != driver, f"the driver ran {fn.__name__}"
+            return fn(*args, **kwargs)
+        return guarded
+
+    for module, name in ((clean, "parse_spill"), (batchtasks, "check_batch"), (checks, "check_record")):
+        monkeypatch.setattr(module, name, only_on_workers(getattr(module, name)))
+    records = good_records(60)
+    built = build(records, workers=2, batch_size=8, shard_size=16)  # several groups, several shards each split
+    index = json.loads((built.path / "train" / "index.json").read_text())
+    assert len(index["shards"]) > 2 and index["count"] == sum(s["count"] for s in index["shards"])
+    assert built.manifest["counts"]["samples"]["train"] == index["count"]
+    monkeypatch.undo()
+    assert build(records, workers=1, batch_size=8, shard_size=16, force=True).snapshot_id == built.snapshot_id
+
+
 def test_packing_puts_several_records_in_one_sequence(build):
     records = good_records(30)
     padded = build(records)

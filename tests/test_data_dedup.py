@@ -11,7 +11,7 @@ import pytest
 from mlops.data.config import DecontamConfig
 from mlops.data.decontam import EvalIndex, resolve_eval_sets
 from mlops.data.dedup import ExactIndex, Keys, NearIndex, exact_hash, load_prior, save_index, signature
-from mlops.data.mixing import history_take, interleave, plan_mix, select
+from mlops.data.mixing import chosen_positions, history_take, mixed_order, mixed_prefix, plan_mix, split_take
 from mlops.data.testing import BASE, DIFFERENT, SIMILAR
 from mlops.errors import ConfigError
 
@@ -80,17 +80,30 @@ def test_mix_plan_meets_target_ratios_with_the_data_available():
     assert natural.take == {"a": 3, "b": 1} and natural.targets == {"a": 0.75, "b": 0.25}
 
 
-def test_selection_takes_exactly_and_interleave_keeps_shares_in_every_prefix():
+def test_selection_takes_exactly_and_the_mixed_order_keeps_shares_in_every_prefix():
     rng = np.random.default_rng(0)
-    chosen = list(select(iter(range(100)), 100, 37, rng))
-    assert len(chosen) == 37 and chosen == sorted(set(chosen))
+    chosen = chosen_positions(100, 37, rng)
+    assert len(chosen) == 37 and chosen.tolist() == sorted(set(chosen.tolist()))
+    parts = split_take([50, 0, 30, 20], 37, np.random.default_rng(1))
+    assert sum(parts) == 37 and parts[1] == 0 and all(0 <= n <= c for n, c in zip(parts, [50, 0, 30, 20], strict=True))
+    assert split_take([5, 6], 11, rng) == [5, 6] and split_take([5, 6], 0, rng) == [0, 0]
     take = {"a": 60, "b": 30, "c": 10}
-    picks = [d for d, _ in interleave({d: iter(range(n)) for d, n in take.items()}, take)]
+    order = mixed_order(0, 100, take)
+    picks = [d for d, _ in order]
     assert Counter(picks) == take
+    assert all([k for d2, k in order if d2 == d] == list(range(n)) for d, n in take.items())  # each in its order
     for end in range(10, 101, 10):
         counts = Counter(picks[:end])
+        assert mixed_prefix(end, take) == {d: counts[d] for d in take}
         for d, n in take.items():
             assert abs(counts[d] - end * n / 100) <= 1
+    assert mixed_order(20, 40, take) == order[20:40]  # any window, computed alone, is that window of the whole
+
+
+def test_mixed_prefix_is_exact_for_huge_domains_and_ties_go_to_the_first_name():
+    big = {"a": 10**9, "b": 3 * 10**8 + 7, "c": 12_345}
+    assert sum(mixed_prefix(654_321_000, big).values()) == 654_321_000
+    assert mixed_order(0, 2, {"x": 1, "y": 1}) == [("x", 0), ("y", 0)]  # equal keys: by domain name
 
 
 def test_history_ratio():

@@ -171,7 +171,7 @@ def test_near_duplicates_in_other_partitions_than_their_originals_are_found(two_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", ["clean_partition", "band_task", "check_batch"])
+@pytest.mark.parametrize("stage", ["clean_partition", "band_task", "write_group"])
 def test_a_worker_killed_mid_build_is_retried_and_the_snapshot_is_unchanged(cluster, local, tiny_model, monkeypatch,
                                                                               stage):
     from mlops.data.ray_executor import KILL_ONCE_ENV

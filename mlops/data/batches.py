@@ -1,12 +1,12 @@
-"""One gated batch at a time: set aside the records that failed their own checks (mlops.data.checks), then
-write the rest to the split shards, or quarantine them as a batch with its GE report when the suite fails.
-Also copies history samples (incremental mode)."""
+"""Stage D's driver side: plan the groups of batches, sum what their tasks return (mlops.data.batchtasks), then
+assemble the splits' indexes, the dedup index and the quarantine from the groups' pieces, by file copies and
+without reading a record. Also mixes in history samples (incremental mode) through one more task."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import shutil
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,13 +14,19 @@ from typing import Any
 
 import numpy as np
 
-from mlops.data.checks import Checked, batch_frame
-from mlops.data.dedup import IndexWriter
-from mlops.data.format import SPLITS, ShardWriter, SnapshotReader, atomic_write_json
-from mlops.data.gate import GateResult, SuiteSpec
+from mlops.data.batchtasks import MIX_FILE, group_dir, write_history
+from mlops.data.dedup import EXACT_FILE, MINHASH_FILE, PARAMS_FILE
+from mlops.data.format import (
+    SPLITS,
+    SnapshotReader,
+    atomic_write_json,
+    npy_from_raw,
+    write_index,
+)
+from mlops.data.gate import SuiteSpec
 from mlops.data.inputs import Inputs
-from mlops.data.mixing import history_take
-from mlops.data.quarantine import Quarantine, entry
+from mlops.data.mixing import domain_rng, history_take, split_take
+from mlops.data.quarantine import Quarantine
 from mlops.errors import ConfigError, MLOpsError
 
 
@@ -28,49 +34,8 @@ class GateError(MLOpsError):
     """A batch failed its expectation suite and the policy is to fail."""
 
 
-def split_of(record_id: str, seed: int, fraction: float) -> str:
-    """Held out by record id: the same record lands in the same split in every build with this seed."""
-    digest = hashlib.sha256(f"{seed}:{record_id}".encode()).digest()
-    return "validation" if int.from_bytes(digest[:8], "little") / 2**64 < fraction else "train"
-
-
 def _stats() -> Counter:
     return Counter()
-
-
-class Packer:
-    """Greedy packing: consecutive samples share a sequence while they fit; none is split."""
-
-    def __init__(self, writer: ShardWriter) -> None:
-        self.writer = writer
-        self._ids: list[np.ndarray] = []
-        self._masks: list[np.ndarray] = []
-        self._metas: list[Mapping[str, Any]] = []
-        self._len = 0
-
-    def add(self, input_ids: np.ndarray, loss_mask: np.ndarray, meta: Mapping[str, Any]) -> None:
-        if self._len + len(input_ids) > self.writer.seq_len:
-            self.flush()
-        self._ids.append(np.asarray(input_ids))
-        self._masks.append(np.asarray(loss_mask))
-        self._metas.append(meta)
-        self._len += len(input_ids)
-
-    def flush(self) -> None:
-        if not self._ids:
-            return
-        records = [r for m in self._metas for r in m.get("records", [m.get("id")])]
-        weights: dict[str, int] = {}
-        for m, ids in zip(self._metas, self._ids, strict=True):
-            weights[m.get("domain", "")] = weights.get(m.get("domain", ""), 0) + len(ids)
-        meta = {
-            "id": "p-" + hashlib.sha256("|".join(records).encode()).hexdigest()[:16],
-            "domain": max(sorted(weights), key=lambda d: weights[d]),
-            "source": self._metas[0].get("source", ""),
-            "records": records,
-        }
-        self.writer.add(np.concatenate(self._ids), np.concatenate(self._masks), meta)
-        self._ids, self._masks, self._metas, self._len = [], [], [], 0
 
 
 class BatchWriter:
@@ -80,15 +45,16 @@ class BatchWriter:
         self.inputs = inputs
         self.data = data
         self.staging = staging
+        self.work = staging / ".work"
         self.suite = suite
         self.targets = targets
         self.rejects = quarantine
         self.counters: Counter[str] = Counter()
-        pad_id = inputs.tokenizer["pad_id"]
-        self.writers = {s: ShardWriter(staging / s, data.seq_len, pad_id, data.shard_size) for s in SPLITS}
-        self.packers = {s: Packer(w) for s, w in self.writers.items()} if data.pack else {}
+        self.pad_id = inputs.tokenizer["pad_id"]
         self.batches: list[dict] = []
-        self.index = IndexWriter(staging / ".work", data.dedup.num_perm)
+        self.groups: list[int] = []  # every group that wrote pieces, in order (the history's last)
+        self.shards: dict[str, list[dict]] = {s: [] for s in SPLITS}
+        self.index_rows = 0
         # split -> domain|source -> Counter(records, tokens, loss_tokens)
         self.by_domain: dict[str, dict[str, Counter]] = {s: defaultdict(_stats) for s in SPLITS}
         self.by_source: dict[str, dict[str, Counter]] = {s: defaultdict(_stats) for s in SPLITS}
@@ -97,80 +63,67 @@ class BatchWriter:
         # whole sequence length (chat template included, before truncation) -> records, for the acceptance report
         self.seq_tokens: Counter[int] = Counter()
 
-    def gate_and_write(self, number: int, rows: list[dict], passed: list[Checked], rejected: list[Checked],
-                       result: GateResult | None) -> None:
-        self.seq_tokens.update(c.n_tokens for c in (*passed, *rejected) if c.n_tokens >= 0)
-        for c in rejected:
-            self.counters[f"record.{c.reason}"] += 1
-            self.rejects.record(rows[c.position]["record"], "record", c.reason, c.detail, c.excerpt)
-        self.counters["record.truncated"] += sum(c.truncated for c in passed)
-        kept = [rows[c.position] for c in passed]
-        info = {"batch": number, "records": len(kept), "rejected_records": len(rejected), "suite": self.suite.key,
-                "domains": dict(sorted(Counter(row["record"].domain for row in kept).items())),
-                "status": "passed" if result is None or result.success else "quarantined"}
-        if result is None or result.success:
-            self.write(kept, passed)
-            self.batches.append(info)
-            return
-        info["failed"] = result.failed
-        folder = self.quarantine(number, kept, batch_frame(rows, passed, self.targets), result.report)
-        info["report"] = folder.relative_to(self.staging).as_posix() + "/validation.json"
-        self.batches.append(info)
-        if self.data.gate.on_batch_failure == "fail":
-            keep = self.inputs.root / ".failed" / f"{self.inputs.key}-batch-{number:05d}"
-            keep.parent.mkdir(parents=True, exist_ok=True)
-            if keep.exists():
-                import shutil
+    def plan(self, paths: Mapping[str, list[tuple[Path, int]]], take: Mapping[str, int], gate: tuple) -> list[dict]:
+        """Write mix.json (per domain: kept files, their counts and how many each gives the mix) and return the
+        group tasks: ceil(shard_size / batch_size) batches each, so a group writes about one shard per split."""
+        domains = {}
+        for domain, n in sorted(take.items()):
+            if n <= 0:
+                continue
+            files = paths[domain]
+            kept = [count for _, count in files]
+            chosen = split_take(kept, n, domain_rng(self.inputs.seed, domain))
+            domains[domain] = {"files": [str(f) for f, _ in files], "kept": kept, "take": chosen, "total": n}
+        total = sum(take.values())
+        atomic_write_json(self.work / MIX_FILE, {"domains": domains, "total": total})
+        size = self.data.batch_size
+        batches = -(-total // size)
+        per_group = max(1, self.data.shard_size // size)
+        return [{"group": g, "first": first, "last": min(first + per_group, batches), "mix": str(self.work / MIX_FILE),
+                 "staging": str(self.staging), "work": str(self.work), "seed": self.inputs.seed,
+                 "pad_id": self.pad_id, "gate": gate, "suite": self.suite.key}
+                for g, first in enumerate(range(0, batches, per_group))]
 
-                shutil.rmtree(keep)
-            os.replace(folder, keep)
-            reasons = "; ".join(
-                f"{f['expectation']}" + (f" on '{f['column']}'" if f.get("column") else "")
-                + (f" ({f['unexpected_count']} unexpected, e.g. {f['examples'][:1]})" if f.get("unexpected_count")
-                   else f" (observed {f.get('observed_value')})")
-                for f in result.failed
-            )
-            raise GateError(
-                f"batch {number} ({len(kept)} records, first {kept[0]['record'].source} line "
-                f"{kept[0]['record'].line}) failed expectation suite {self.suite.key}: {reasons}. "
-                f"The GE report and the batch are in {keep}. Fix: correct those records at their source, or set "
-                "data.gate.on_batch_failure=quarantine to build without this batch."
-            )
+    def add_group(self, task: dict, sums: dict) -> None:
+        """One group's sums, in group order; its failed batch raises when the policy is to fail."""
+        self.groups.append(task["group"])
+        self.batches += sums["batches"]
+        self.counters.update(sums["counters"])
+        self.seq_tokens.update({int(k): v for k, v in sums["seq_tokens"].items()})
+        for split in SPLITS:
+            self.shards[split] += sums["shards"][split]
+            for table, theirs in ((self.by_domain, sums["by_domain"]), (self.by_source, sums["by_source"])):
+                for key, values in theirs[split].items():
+                    table[split][key].update(values)
+        self.index_rows += sums["index_rows"]
+        if sums["failure"] is not None:
+            self._fail(sums["failure"])
 
-    def quarantine(self, number: int, rows: list[dict], frame, report: dict) -> Path:
-        folder = self.staging / "quarantine" / "batches" / f"batch-{number:05d}"
-        folder.mkdir(parents=True)
-        limit = self.data.excerpt_chars
-        with (folder / "records.jsonl").open("w", encoding="utf-8") as fh:
-            for row, values in zip(rows, frame.to_dict("records"), strict=True):
-                line = {**entry(row["record"], "gate", "batch_failed", limit=limit), **values}
-                fh.write(json.dumps(line, ensure_ascii=False, sort_keys=True, default=str) + "\n")
-        atomic_write_json(folder / "validation.json", report)
-        return folder
+    def _fail(self, failure: dict) -> None:
+        number = failure["batch"]
+        keep = self.inputs.root / ".failed" / f"{self.inputs.key}-batch-{number:05d}"
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        if keep.exists():
+            shutil.rmtree(keep)
+        os.replace(failure["folder"], keep)
+        reasons = "; ".join(
+            f"{f['expectation']}" + (f" on '{f['column']}'" if f.get("column") else "")
+            + (f" ({f['unexpected_count']} unexpected, e.g. {f['examples'][:1]})" if f.get("unexpected_count")
+               else f" (observed {f.get('observed_value')})")
+            for f in failure["failed"]
+        )
+        raise GateError(
+            f"batch {number} ({failure['records']} records, first {failure['source']} line {failure['line']}) "
+            f"failed expectation suite {self.suite.key}: {reasons}. The GE report and the batch are in {keep}. "
+            "Fix: correct those records at their source, or set data.gate.on_batch_failure=quarantine to build "
+            "without this batch."
+        )
 
-    def write(self, rows: list[dict], checked: list[Checked]) -> None:
-        for row, c in zip(rows, checked, strict=True):
-            ids, mask = c.ids, c.mask
-            record = row["record"]
-            split = split_of(record.record_id, self.inputs.seed, self.data.validation_fraction)
-            meta = {"id": record.record_id, "domain": record.domain, "source": record.source,
-                    "records": [record.record_id]}
-            if self.packers:
-                self.packers[split].add(ids, mask, meta)
-            else:
-                self.writers[split].add(ids, mask, meta)
-            for table, key in ((self.by_domain, record.domain), (self.by_source, record.source)):
-                table[split][key].update(records=1, tokens=len(ids), loss_tokens=int(mask.sum()))
-            self.index.add(row["exact"], row["sig"])
-
-    def add_history(self) -> None:
-        """Incremental mode: mix in train samples of the named snapshot at the configured ratio."""
+    def add_history(self, pool: Any) -> None:
+        """Incremental mode: mix in train samples of the named snapshot at the configured ratio (one task)."""
         if self.inputs.history is None:
             return
-        for packer in self.packers.values():
-            packer.flush()
         sid, path = self.inputs.history
-        self.index.add_prior(path)
         reader = SnapshotReader(path, "train")
         theirs = reader.manifest.get("tokenizer", {}).get("hash")
         if reader.seq_len != self.data.seq_len or theirs != self.inputs.tokenizer["hash"]:
@@ -179,28 +132,46 @@ class BatchWriter:
                 f"build uses seq_len={self.data.seq_len} and tokenizer {self.inputs.tokenizer['hash'][:12]}. "
                 "Fix: mix only snapshots built with the same base model tokenizer and data.seq_len."
             )
-        new_train = self.writers["train"].total
+        new_train = sum(s["count"] for s in self.shards["train"])
         ratio = self.data.mix.history.ratio
         take = history_take(new_train, ratio, len(reader))
-        rng = np.random.default_rng([self.inputs.seed, 7])
-        chosen = set(rng.choice(len(reader), size=take, replace=False).tolist()) if take else set()
-        domains: Counter[str] = Counter()
-        for index, meta in enumerate(reader.iter_meta()):
-            if index not in chosen:
-                continue
-            sample = reader.get(index)
-            n = int(sample.attention_mask.sum())
-            self.writers["train"].add(sample.input_ids[:n], sample.loss_mask[:n],
-                                      {**meta, "source": f"snapshot:{sid}", "history": True})
-            domains[meta.get("domain", "")] += 1
-            self.by_source["train"][f"snapshot:{sid}"].update(
-                records=len(meta.get("records", [1])), tokens=n, loss_tokens=int(sample.loss_mask.sum()))
+        group = (self.groups[-1] + 1) if self.groups else 0
+        task = {"group": group, "path": str(path), "snapshot": sid, "take": take, "seed": self.inputs.seed,
+                "staging": str(self.staging), "work": str(self.work), "pad_id": self.pad_id,
+                "shard_size": self.data.shard_size, "num_perm": self.data.dedup.num_perm}
+        done = next(iter(pool.map(write_history, [task])))
+        self.groups.append(group)
+        self.shards["train"] += done["shards"]
+        self.index_rows += done["index_rows"]
+        self.by_source["train"][f"snapshot:{sid}"].update(done["by_source"])
         total = new_train + take
-        self.history = {"snapshot": sid, "target_ratio": ratio, "available": len(reader), "samples": take,
+        self.history = {"snapshot": sid, "target_ratio": ratio, "available": done["available"], "samples": take,
                         "new_samples": new_train, "achieved_ratio": take / total if total else 0.0,
-                        "domains": dict(sorted(domains.items()))}
+                        "domains": dict(sorted(done["domains"].items()))}
 
     def close(self) -> None:
-        for packer in self.packers.values():
-            packer.flush()
-        self.indexes = {s: w.close() for s, w in self.writers.items()}
+        """Each split's index over the groups' shards, and the groups' rejected records into the quarantine."""
+        self.indexes = {s: write_index(self.staging / s, self.data.seq_len, self.pad_id, self.shards[s])
+                        for s in SPLITS}
+        target = self.rejects._records
+        target.flush()
+        for group in self.groups:
+            with (group_dir(self.work, group) / "records.jsonl").open(encoding="utf-8") as fh:
+                shutil.copyfileobj(fh, target)
+
+    def finish_index(self, params: dict) -> None:
+        """The dedup index of everything this snapshot kept (and its history's), from the groups' pieces."""
+        work = self.work / "index"
+        work.mkdir(parents=True, exist_ok=True)
+        for piece, final, dtype, shape in (
+            ("exact.raw", EXACT_FILE, np.dtype("<u8"), (self.index_rows,)),
+            ("sigs.raw", MINHASH_FILE, np.dtype("<u4"), (self.index_rows, self.data.dedup.num_perm)),
+        ):
+            raw = work / piece
+            with raw.open("wb") as out:
+                for group in self.groups:
+                    with (group_dir(self.work, group) / piece).open("rb") as src:
+                        shutil.copyfileobj(src, out, 1 << 20)
+            (self.staging / "dedup").mkdir(parents=True, exist_ok=True)
+            npy_from_raw(raw, self.staging / final, dtype, shape)
+        (self.staging / PARAMS_FILE).write_text(json.dumps(params, sort_keys=True) + "\n")

@@ -12,9 +12,11 @@ whose build died. A build that keeps fewer than `data.min_records` records fails
 
 `data.executor` picks where the per-record work runs: a local process pool (mlops.data.parallel) or Ray tasks
 on a cluster (mlops.data.ray_executor). Reading, cleaning and dedup run as per-partition and per-band tasks
-(mlops.data.sharded); this process plans them, sums their reports, mixes and writes the gated batches. Either
-executor maps tasks in input order and duplicate clusters keep their smallest (source, line) key, so the
-snapshot (id, manifest counters, quarantine, shard bytes) depends neither on the executor nor on the worker count.
+(mlops.data.sharded); mixing, tokenizing, gating and writing run as one task per group of batches
+(mlops.data.batchtasks). This process plans them, sums their reports and assembles the pieces: it never reads a
+record. Either executor maps tasks in input order, duplicate clusters keep their smallest (source, line) key and
+the mix follows from counts and the seed alone, so the snapshot (id, manifest counters, quarantine, shard bytes)
+depends neither on the executor nor on the worker count.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from typing import Any
 
 from mlops.data import acceptance, clean, tokenize
 from mlops.data.batches import BatchWriter, GateError
-from mlops.data.checks import RecordPolicy, check_batch
+from mlops.data.batchtasks import write_group
+from mlops.data.checks import RecordPolicy
 from mlops.data.format import (
     hash_files,
     publish,
@@ -45,8 +48,8 @@ from mlops.data.format import (
 from mlops.data.gate import SUITES, GateParams
 from mlops.data.inputs import Inputs, cached_snapshot, prepare, remember_build
 from mlops.data.manifest import assemble_manifest, log_build
-from mlops.data.mixing import domain_rng, interleave, plan_mix, select
-from mlops.data.parallel import OrderedPool, chunked, open_executor
+from mlops.data.mixing import plan_mix
+from mlops.data.parallel import OrderedPool, open_executor
 from mlops.data.quarantine import Quarantine
 from mlops.data.sharded import CleanSummary, run_cleaning
 from mlops.errors import MLOpsError
@@ -117,20 +120,15 @@ class Build:
         d = self.data.dedup
         return {"num_perm": d.num_perm, "shingle": d.shingle, "threshold": d.threshold, "scheme": "affine32"}
 
-    # ----------------------------------------------------------------- stage B + C: mix, tokenize, gate, write
+    # ----------------------------------------------------------------- stage D: mix, tokenize, gate, write (workers)
 
-    def batches(self, pool: OrderedPool, plan, paths: dict[str, Path], writer: BatchWriter) -> None:
-        streams = {
-            d: select(_read_spills(paths[d]), plan.available[d], n, domain_rng(self.inputs.seed, d))
-            for d, n in plan.take.items() if n > 0
-        }
-        mixed = (row for _, row in interleave(streams, plan.take))
+    def batches(self, pool: OrderedPool, plan, paths: dict[str, list[tuple[Path, int]]], writer: BatchWriter) -> None:
         data = self.data
         policy = RecordPolicy(data.seq_len, data.gate.min_tokens, data.overlong, data.excerpt_chars)
         gate = (data.gate.suite, self.gate_params(plan.targets), plan.targets, policy)
-        tasks = ((rows, gate) for rows in chunked(mixed, data.batch_size))
-        for number, ((rows, _), (passed, rejected, result)) in enumerate(pool.map_pairs(check_batch, tasks)):
-            writer.gate_and_write(number, rows, passed, rejected, result)
+        tasks = writer.plan(paths, plan.take, gate)
+        for task, sums in pool.map_pairs(write_group, tasks):
+            writer.add_group(task, sums)
 
     def run(self) -> dict:
         inputs, data = self.inputs, self.data
@@ -154,14 +152,14 @@ class Build:
                 writer = BatchWriter(inputs, self.staging, SUITES.get(data.gate.suite), plan.targets,
                                      self.quarantine)
                 self.batches(pool, plan, paths, writer)
+                self.counters.update(writer.counters)
+                written = sum(b["records"] for b in writer.batches if b["status"] == "passed")
+                self.require_records(written, "after the per-record checks and the batch gate")
+                writer.add_history(pool)
+            writer.close()
         finally:
             self.quarantine.close()
-        self.counters.update(writer.counters)
-        written = sum(b["records"] for b in writer.batches if b["status"] == "passed")
-        self.require_records(written, "after the per-record checks and the batch gate")
-        writer.add_history()
-        writer.close()
-        writer.index.finish(self.staging, self.dedup_params())
+        writer.finish_index(self.dedup_params())
         shutil.rmtree(self.work)
         return assemble_manifest(self, cleaner, plan, writer, eval_index, time.time() - started)
 
@@ -196,11 +194,6 @@ class Build:
         for entry in self.inputs.eval_files:
             entry["items"] = index.add_file(entry["path"], entry["name"])
         return index
-
-
-def _read_spills(paths: list[Path]) -> Iterator[dict]:
-    for path in paths:
-        yield from clean.read_spill(path)
 
 
 def build_snapshot(cfg: Any, tracker: Any = None, *, force: bool = False) -> BuildResult:

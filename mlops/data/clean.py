@@ -190,8 +190,13 @@ def spill_line(item: Cleaned) -> str:
 def read_spill(path: Path) -> Iterator[dict]:
     with path.open(encoding="utf-8") as fh:
         for line in fh:
-            row = json.loads(line)
-            row["record"] = Record(row.pop("record_id"), row.pop("source"), row.pop("line"), row.pop("domain"),
-                                   row.pop("kind"), row.pop("messages"))
-            row["sig"] = decode_sig(row["sig"])
-            yield row
+            yield parse_spill(line)
+
+
+def parse_spill(line: str | bytes) -> dict:
+    """One spill line back to {"record", "exact", "sig"}."""
+    row = json.loads(line)
+    row["record"] = Record(row.pop("record_id"), row.pop("source"), row.pop("line"), row.pop("domain"),
+                           row.pop("kind"), row.pop("messages"))
+    row["sig"] = decode_sig(row["sig"])
+    return row

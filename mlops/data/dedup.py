@@ -173,45 +173,6 @@ class NearIndex:
         self.sigs[key] = np.asarray(sig, dtype="<u4").tobytes()
 
 
-class IndexWriter:
-    """Streams the hashes and signatures of the records a snapshot keeps to disk (memory stays flat)."""
-
-    def __init__(self, work: Path, num_perm: int) -> None:
-        self.num_perm = num_perm
-        self.count = 0
-        self.paths = (work / "dedup-exact.bin", work / "dedup-sigs.bin")
-        self._exact = self.paths[0].open("wb")
-        self._sigs = self.paths[1].open("wb")
-
-    def add(self, exact: int, sig: np.ndarray | None) -> None:
-        self._exact.write(np.uint64(exact).tobytes())
-        row = sig if sig is not None else np.zeros(self.num_perm, dtype=np.uint32)  # near dedup off
-        self._sigs.write(row.astype("<u4").tobytes())
-        self.count += 1
-
-    def add_prior(self, folder: Path) -> None:
-        """Everything an earlier snapshot had seen (incremental mode: the history snapshot)."""
-        hashes = np.load(folder / EXACT_FILE, mmap_mode="r")
-        sigs = np.load(folder / MINHASH_FILE, mmap_mode="r")
-        for start in range(0, len(hashes), 4096):
-            self._exact.write(np.asarray(hashes[start : start + 4096], dtype="<u8").tobytes())
-            block = np.asarray(sigs[start : start + 4096], dtype="<u4")
-            if block.shape[1:] != (self.num_perm,):
-                block = np.zeros((len(block), self.num_perm), dtype="<u4")
-            self._sigs.write(block.tobytes())
-        self.count += len(hashes)
-
-    def finish(self, folder: Path, params: dict) -> None:
-        from mlops.data.format import npy_from_raw
-
-        self._exact.close()
-        self._sigs.close()
-        (folder / "dedup").mkdir(parents=True, exist_ok=True)
-        npy_from_raw(self.paths[0], folder / EXACT_FILE, np.dtype("<u8"), (self.count,))
-        npy_from_raw(self.paths[1], folder / MINHASH_FILE, np.dtype("<u4"), (self.count, self.num_perm))
-        (folder / PARAMS_FILE).write_text(json.dumps(params, sort_keys=True) + "\n")
-
-
 def save_index(folder: Path, exact: list[int], sigs: list[np.ndarray], params: dict) -> None:
     """What a later build needs to treat this snapshot's records as already seen."""
     (folder / "dedup").mkdir(parents=True, exist_ok=True)

@@ -111,11 +111,13 @@ class ShardWriter:
     """Appends fixed-length samples to one split. Rows stream to raw files on disk and become a shard's
     .npy arrays every `shard_size` samples, so memory does not grow with the shard or the input."""
 
-    def __init__(self, folder: Path, seq_len: int, pad_id: int, shard_size: int = DEFAULT_SHARD_SIZE) -> None:
+    def __init__(self, folder: Path, seq_len: int, pad_id: int, shard_size: int = DEFAULT_SHARD_SIZE,
+                 prefix: str = "shard-") -> None:
         self.folder = folder
         self.seq_len = seq_len
         self.pad_id = pad_id
         self.shard_size = shard_size
+        self.prefix = prefix  # several writers (a build's workers) share one split folder under their own prefixes
         self.shards: list[dict] = []
         self.count = 0  # samples in flushed shards
         self.pending = 0  # samples written since the last flush
@@ -127,11 +129,11 @@ class ShardWriter:
         return self.count + self.pending
 
     def _raw(self, array: str) -> Path:
-        return self.folder / f".pending.{array}.raw"
+        return self.folder / f".pending.{self.prefix}{array}.raw"
 
     def _open(self) -> None:
         self._files = {a: self._raw(a).open("wb") for a in ARRAYS}
-        self._files["meta"] = (self.folder / ".pending.meta.jsonl").open("w", encoding="utf-8")
+        self._files["meta"] = self._raw("meta").with_suffix(".jsonl").open("w", encoding="utf-8")
 
     def add(self, input_ids: Sequence[int], loss_mask: Sequence[int] | None, meta: Mapping[str, Any]) -> None:
         n = len(input_ids)
@@ -161,20 +163,29 @@ class ShardWriter:
         for fh in self._files.values():
             fh.close()
         self._files = {}
-        name = f"shard-{len(self.shards):05d}"
+        name = f"{self.prefix}{len(self.shards):05d}"
         for array in ARRAYS:
             dtype = np.dtype(DTYPES[array]).newbyteorder("<")
             npy_from_raw(self._raw(array), self.folder / f"{name}.{array}.npy", dtype, (self.pending, self.seq_len))
-        os.replace(self.folder / ".pending.meta.jsonl", self.folder / f"{name}.meta.jsonl")
+        os.replace(self._raw("meta").with_suffix(".jsonl"), self.folder / f"{name}.meta.jsonl")
         self.shards.append({"name": name, "start": self.count, "count": self.pending})
         self.count += self.pending
         self.pending = 0
 
     def close(self) -> dict:
         self.flush()
-        index = {"count": self.count, "seq_len": self.seq_len, "pad_id": self.pad_id, "shards": self.shards}
-        atomic_write_json(self.folder / INDEX, index)
-        return index
+        return write_index(self.folder, self.seq_len, self.pad_id, self.shards)
+
+
+def write_index(folder: Path, seq_len: int, pad_id: int, shards: list[dict]) -> dict:
+    """A split's index.json over shards in order ({"name", "count"}; starts are recomputed)."""
+    start, listed = 0, []
+    for shard in shards:
+        listed.append({"name": shard["name"], "start": start, "count": shard["count"]})
+        start += shard["count"]
+    index = {"count": start, "seq_len": seq_len, "pad_id": pad_id, "shards": listed}
+    atomic_write_json(folder / INDEX, index)
+    return index
 
 
 def verify_files(folder: Path, manifest: Mapping[str, Any]) -> list[str]:

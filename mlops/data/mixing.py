@@ -1,16 +1,19 @@
 """Mixing by capability domain, and the incremental mix with a historical snapshot.
 
 The plan downsamples every domain so the kept records meet the target ratios (the largest mix the data
-allows; nothing is repeated). Which records a domain keeps is a seeded selection sample over its stream,
-and batches interleave domains by smooth weighted round robin, so every batch carries the target shares
-up to rounding. The manifest records targets, what was available, the plan and the achieved shares.
+allows; nothing is repeated). Which records a domain keeps is a seeded uniform choice, and the mixed stream
+orders domain d's k-th record by (2k + 1) / (2 take_d) (Webster's sequential apportionment: every prefix holds
+each domain's share to within rounding). Both follow from counts alone, so the build's workers compute their own
+part of the stream (`split_take` per partition, `chosen_positions` inside one, `mixed_prefix` / `mixed_order` per
+batch) and no process reads every record. The manifest records targets, what was available, the plan and the
+achieved shares.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -70,36 +73,69 @@ def plan_mix(available: Mapping[str, int], ratios: Mapping[str, float]) -> MixPl
     return MixPlan(targets, available, dict(sorted(take.items())), dropped)
 
 
-def domain_rng(seed: int, domain: str) -> np.random.Generator:
+def domain_rng(seed: int, domain: str, *more: int) -> np.random.Generator:
+    """The seeded generator of one domain (and, with `more`, of one partition of it)."""
     salt = int.from_bytes(hashlib.sha256(domain.encode()).digest()[:8], "little")
-    return np.random.default_rng([seed, salt])
+    return np.random.default_rng([seed, salt, *more])
 
 
-def select(stream: Iterator[Any], total: int, take: int, rng: np.random.Generator) -> Iterator[Any]:
-    """Exactly `take` of `total` items, uniformly, in stream order, in one pass (Knuth's algorithm S)."""
-    needed, left = take, total
-    for item in stream:
-        if needed <= 0:
-            return
-        if rng.random() * left < needed:
-            needed -= 1
-            yield item
-        left -= 1
+def split_take(counts: list[int], take: int, rng: np.random.Generator) -> list[int]:
+    """How many of `take` items chosen uniformly from parts of these sizes fall in each part (a multivariate
+    hypergeometric draw); each part then chooses its share uniformly (`chosen_positions`), so the whole choice is
+    uniform over the take-subsets."""
+    total = sum(counts)
+    if take >= total:
+        return list(counts)
+    if take <= 0:
+        return [0] * len(counts)
+    drawn = rng.multivariate_hypergeometric(np.asarray(counts, dtype=np.int64), take, method="marginals")
+    return [int(n) for n in drawn]
 
 
-def interleave(streams: Mapping[str, Iterator[Any]], take: Mapping[str, int]) -> Iterator[tuple[str, Any]]:
-    """Items of all domains so every prefix holds each domain's share up to one item."""
-    weights = {d: n for d, n in sorted(take.items()) if n > 0}
-    total = sum(weights.values())
-    current = dict.fromkeys(weights, 0)
-    remaining = dict(weights)
-    for _ in range(total):
-        for d, w in weights.items():
-            current[d] += w
-        domain = max((d for d in weights if remaining[d] > 0), key=lambda d: current[d])  # ties: first by name
-        current[domain] -= total
-        remaining[domain] -= 1
-        yield domain, next(streams[domain])
+def chosen_positions(count: int, take: int, rng: np.random.Generator) -> np.ndarray:
+    """`take` of positions 0..count-1, uniformly, ascending."""
+    if take >= count:
+        return np.arange(count, dtype=np.int64)
+    return np.sort(rng.choice(count, size=take, replace=False)).astype(np.int64)
+
+
+def _rank(domain: str, k: int, take: Mapping[str, int]) -> int:
+    """Position of domain's k-th item in the mixed order: the items whose key (2j + 1) / (2 take_e) is smaller,
+    plus equal keys of domains named before it (exact integer arithmetic)."""
+    t_d, rank = take[domain], 0
+    for other, t_e in take.items():
+        q = (2 * k + 1) * t_e
+        rank += min(t_e, ((q - 1) // t_d + 1) // 2)  # odd o with o * t_d < q
+        if other < domain and q % t_d == 0 and (q // t_d) % 2 == 1 and (q // t_d) // 2 < t_e:
+            rank += 1
+    return rank
+
+
+def mixed_prefix(position: int, take: Mapping[str, int]) -> dict[str, int]:
+    """Items of each domain among the first `position` items of the mixed order."""
+    take = {d: n for d, n in sorted(take.items()) if n > 0}
+    out = {}
+    for domain, n in take.items():
+        lo, hi = 0, n  # the first k whose rank is >= position
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _rank(domain, mid, take) < position:
+                lo = mid + 1
+            else:
+                hi = mid
+        out[domain] = lo
+    if sum(out.values()) != min(position, sum(take.values())):
+        raise AssertionError(f"mixed_prefix({position}, {take}) counted {out}")  # the order is total: never
+    return out
+
+
+def mixed_order(start: int, end: int, take: Mapping[str, int]) -> list[tuple[str, int]]:
+    """(domain, k) of the mixed order's positions start..end-1, in order: domain's k-th chosen record."""
+    from fractions import Fraction
+
+    first, last = mixed_prefix(start, take), mixed_prefix(end, take)
+    items = [(d, k) for d in first for k in range(first[d], last[d])]
+    return sorted(items, key=lambda item: (Fraction(2 * item[1] + 1, 2 * take[item[0]]), item[0]))
 
 
 def history_take(new_train: int, ratio: float, available: int) -> int:

@@ -143,6 +143,10 @@ def kept_file(folder: Path, domain: str) -> Path:
     return folder / f"kept-{hashlib.sha256(domain.encode()).hexdigest()[:12]}.jsonl"
 
 
+def offsets_file(kept: Path) -> Path:
+    return kept.with_suffix(".offsets.npy")
+
+
 def finalize_partition(task: dict) -> PartSummary:
     """Stage C for one partition (a worker task): kept rows to per-domain files; the partition's quarantine
     lines (worker rejections and dedup drops) merged in line order."""
@@ -154,6 +158,7 @@ def finalize_partition(task: dict) -> PartSummary:
     sample = TextSample()
     dedup_lines: list[tuple[int, str]] = []
     handles: dict[str, Any] = {}
+    offsets: dict[str, list[int]] = {}  # byte offset of each kept line, and the file's end: batch tasks seek
     try:
         for index, (line, row) in enumerate(zip(_lines(folder / "rows.jsonl"), clean.read_spill(folder / "rows.jsonl"),
                                                 strict=True)):
@@ -172,12 +177,17 @@ def finalize_partition(task: dict) -> PartSummary:
             if record.domain not in handles:
                 path = kept_file(folder, record.domain)
                 out.files[record.domain] = str(path)
-                handles[record.domain] = path.open("w", encoding="utf-8")
-            handles[record.domain].write(line)
+                handles[record.domain] = path.open("wb")
+                offsets[record.domain] = [0]
+            raw = line.encode("utf-8")
+            handles[record.domain].write(raw)
+            offsets[record.domain].append(offsets[record.domain][-1] + len(raw))
             out.kept[record.domain] = out.kept.get(record.domain, 0) + 1
     finally:
         for fh in handles.values():
             fh.close()
+    for domain, ends in offsets.items():
+        np.save(offsets_file(Path(out.files[domain])), np.asarray(ends, dtype=np.int64))
     worker_lines = [(json.loads(text)["line"], text) for text in _lines(folder / "rejected.jsonl")]
     with (folder / "quarantine.jsonl").open("w", encoding="utf-8") as fh:
         fh.writelines(text for _, text in heapq.merge(worker_lines, dedup_lines, key=lambda pair: pair[0]))

@@ -40,8 +40,8 @@ class CleanSummary:
     sample: TextSample = field(default_factory=TextSample)
 
 
-def run_cleaning(build: Any, pool: Any) -> tuple[CleanSummary, dict[str, int], dict[str, list[Path]]]:
-    """(sums, kept records per domain, kept files per domain in record order) of `build`'s sources."""
+def run_cleaning(build: Any, pool: Any) -> tuple[CleanSummary, dict[str, int], dict[str, list[tuple[Path, int]]]]:
+    """(sums, kept records per domain, (kept file, records) per domain in record order) of `build`'s sources."""
     data, work = build.data, build.work / "parts"
     dedup = data.dedup
     bands, rows = lsh_params(dedup.threshold, dedup.num_perm) if dedup.near else (0, 0)
@@ -68,7 +68,7 @@ def run_cleaning(build: Any, pool: Any) -> tuple[CleanSummary, dict[str, int], d
                                       "first_new": first_new, "exact": dedup.exact}]))
 
     available: Counter[str] = Counter()  # stage C
-    paths: dict[str, list[Path]] = {}
+    paths: dict[str, list[tuple[Path, int]]] = {}
     for done in pool.map(finalize_partition, [{"dir": t["dir"], "number": t["part"].number} for t in tasks]):
         summary.counters.update(done.counters)
         summary.lengths.update(done.lengths)
@@ -76,7 +76,7 @@ def run_cleaning(build: Any, pool: Any) -> tuple[CleanSummary, dict[str, int], d
             summary.sample.offer(rid, text)
         available.update(done.kept)
         for domain, path in done.files.items():
-            paths.setdefault(domain, []).append(Path(path))
+            paths.setdefault(domain, []).append((Path(path), done.kept[domain]))
     _copy(work, tasks, "quarantine.jsonl", build.quarantine._records)
     return summary, dict(sorted(available.items())), paths
 
