@@ -250,13 +250,14 @@ def test_a_build_that_dies_half_way_leaves_nothing_that_looks_complete(build, ml
     def crash(self):
         raise RuntimeError("killed while writing shards")
 
-    monkeypatch.setattr(batches.BatchWriter, "close", crash)
-    with pytest.raises(RuntimeError, match="killed"):
-        build(good_records(12))
+    with monkeypatch.context() as patch:  # undone on leaving; MLOPS_HOME (the mlops_home fixture's) stays
+        patch.setattr(batches.BatchWriter, "close", crash)
+        with pytest.raises(RuntimeError, match="killed"):
+            build(good_records(12))
     root = mlops_home / ".mlops" / "snapshots"
     assert list_snapshots() == [] and not [p for p in root.iterdir() if p.name.startswith(".staging")]
-    monkeypatch.undo()
     result = build(good_records(12))  # the next build is not fooled by the crash
+    assert result.path.parent == root
     assert not result.noop and read_manifest(result.path)["complete"]
 
 
@@ -282,14 +283,14 @@ def test_the_driver_reads_no_record_its_workers_mix_check_and_write_every_batch(
             return fn(*args, **kwargs)
         return guarded
 
-    for module, name in ((clean, "parse_spill"), (batchtasks, "check_batch"), (checks, "check_record")):
-        monkeypatch.setattr(module, name, only_on_workers(getattr(module, name)))
     records = good_records(60)
-    built = build(records, workers=2, batch_size=8, shard_size=16)  # several groups, several shards each split
+    with monkeypatch.context() as patch:
+        for module, name in ((clean, "parse_spill"), (batchtasks, "check_batch"), (checks, "check_record")):
+            patch.setattr(module, name, only_on_workers(getattr(module, name)))
+        built = build(records, workers=2, batch_size=8, shard_size=16)  # several groups and shards per split
     index = json.loads((built.path / "train" / "index.json").read_text())
     assert len(index["shards"]) > 2 and index["count"] == sum(s["count"] for s in index["shards"])
     assert built.manifest["counts"]["samples"]["train"] == index["count"]
-    monkeypatch.undo()
     assert build(records, workers=1, batch_size=8, shard_size=16, force=True).snapshot_id == built.snapshot_id
 
 
