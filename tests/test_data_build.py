@@ -273,9 +273,15 @@ def test_workers_and_index_location_do_not_change_the_snapshot(build):
 def test_the_driver_reads_no_record_its_workers_mix_check_and_write_every_batch(build, monkeypatch):
     import os
 
-    from mlops.data import batchtasks, checks, clean
+    from mlops.data import batchtasks, checks, clean, format
 
     driver = os.getpid()
+    hash_on_driver = format.file_sha256
+
+    def hash_no_shard(path):  # the workers hash the shards they wrote; the driver hashes the rest
+        shard = path.parent.name in format.SPLITS and path.name != format.INDEX
+        assert os.getpid() != driver or not shard, f"the driver hashed {path}"
+        return hash_on_driver(path)
 
     def only_on_workers(fn):
         def guarded(*args, **kwargs):
@@ -287,7 +293,9 @@ def test_the_driver_reads_no_record_its_workers_mix_check_and_write_every_batch(
     with monkeypatch.context() as patch:
         for module, name in ((clean, "parse_spill"), (batchtasks, "check_batch"), (checks, "check_record")):
             patch.setattr(module, name, only_on_workers(getattr(module, name)))
+        patch.setattr(format, "file_sha256", hash_no_shard)
         built = build(records, workers=2, batch_size=8, shard_size=16)  # several groups and shards per split
+    assert verify_snapshot(built.snapshot_id)["ok"]  # the workers' digests are the files' own
     index = json.loads((built.path / "train" / "index.json").read_text())
     assert len(index["shards"]) > 2 and index["count"] == sum(s["count"] for s in index["shards"])
     assert built.manifest["counts"]["samples"]["train"] == index["count"]

@@ -54,6 +54,7 @@ class BatchWriter:
         self.batches: list[dict] = []
         self.groups: list[int] = []  # every group that wrote pieces, in order (the history's last)
         self.shards: dict[str, list[dict]] = {s: [] for s in SPLITS}
+        self.files: dict[str, str] = {}  # sha256 of the shard files, as the tasks that wrote them hashed them
         self.index_rows = 0
         # split -> domain|source -> Counter(records, tokens, loss_tokens)
         self.by_domain: dict[str, dict[str, Counter]] = {s: defaultdict(_stats) for s in SPLITS}
@@ -96,6 +97,7 @@ class BatchWriter:
                 for key, values in theirs[split].items():
                     table[split][key].update(values)
         self.index_rows += sums["index_rows"]
+        self.files.update(sums["files"])
         if sums["failure"] is not None:
             self._fail(sums["failure"])
 
@@ -142,6 +144,7 @@ class BatchWriter:
         done = next(iter(pool.map(write_history, [task])))
         self.groups.append(group)
         self.shards["train"] += done["shards"]
+        self.files.update(done["files"])
         self.index_rows += done["index_rows"]
         self.by_source["train"][f"snapshot:{sid}"].update(done["by_source"])
         total = new_train + take

@@ -32,7 +32,7 @@ import numpy as np
 
 from mlops.data import clean
 from mlops.data.checks import batch_frame, check_batch
-from mlops.data.format import SPLITS, ShardWriter, SnapshotReader, atomic_write_json
+from mlops.data.format import SPLITS, ShardWriter, SnapshotReader, atomic_write_json, shard_files
 from mlops.data.mixing import chosen_positions, domain_rng, mixed_order
 from mlops.data.partclean import offsets_file
 from mlops.data.quarantine import entry
@@ -166,10 +166,11 @@ class GroupOutput:
         for fh in (self.exact, self.sigs, self.rejects):
             fh.close()
         sums = self.sums
-        sums["shards"] = {}
+        sums["shards"], sums["files"] = {}, {}
         for split, writer in self.writers.items():
             writer.flush()
             sums["shards"][split] = writer.shards
+            sums["files"].update(shard_files(self.staging, split, writer.shards))
         sums["by_domain"] = {s: {k: dict(v) for k, v in t.items()} for s, t in sums["by_domain"].items()}
         sums["by_source"] = {s: {k: dict(v) for k, v in t.items()} for s, t in sums["by_source"].items()}
         return sums
@@ -267,6 +268,7 @@ def write_history(task: dict) -> dict:
                 block = np.zeros((len(block), task["num_perm"]), dtype="<u4")
             rows.write(block.tobytes())
     (work / "records.jsonl").touch()
-    return {"shards": writer.shards, "domains": dict(domains), "by_source": dict(by_source),
+    return {"shards": writer.shards, "files": shard_files(Path(task["staging"]), "train", writer.shards),
+            "domains": dict(domains), "by_source": dict(by_source),
             "available": len(reader), "index_rows": len(hashes), "seq_len": reader.seq_len,
             "tokenizer": reader.manifest.get("tokenizer", {}).get("hash")}

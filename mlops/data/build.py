@@ -106,6 +106,7 @@ class Build:
         self.counters: Counter[str] = Counter()
         self.issues: list[dict] = []
         self.per_source = {s["name"]: Counter() for s in inputs.sources}
+        self.shard_hashes: dict[str, str] = {}  # the workers' sha256 of the shards they wrote
 
     # ----------------------------------------------------------------- stage A: clean and dedup (on the workers)
 
@@ -160,6 +161,7 @@ class Build:
         finally:
             self.quarantine.close()
         writer.finish_index(self.dedup_params())
+        self.shard_hashes = writer.files
         shutil.rmtree(self.work)
         return assemble_manifest(self, cleaner, plan, writer, eval_index, time.time() - started)
 
@@ -213,9 +215,10 @@ def build_snapshot(cfg: Any, tracker: Any = None, *, force: bool = False) -> Bui
             sweep_stale_staging(inputs.root)
             staging = staging_dir(inputs.root)
             try:
-                manifest = Build(inputs, staging).run()
+                build = Build(inputs, staging)
+                manifest = build.run()
                 manifest["base_model_ref"] = str(cfg.base_model)
-                files = hash_files(staging)
+                files = hash_files(staging, known=build.shard_hashes)
                 manifest["files"] = files
                 manifest["snapshot_id"] = snapshot_id_for(files, inputs.tokenizer["hash"], inputs.pipeline_hash)
                 acceptance.enforce(manifest, inputs.root / ".failed")  # a failing report publishes nothing

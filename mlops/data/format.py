@@ -69,8 +69,21 @@ def data_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST and not p.name.startswith("."))
 
 
-def hash_files(folder: Path) -> dict[str, str]:
-    return {p.relative_to(folder).as_posix(): file_sha256(p) for p in data_files(folder)}
+def hash_files(folder: Path, known: Mapping[str, str] | None = None) -> dict[str, str]:
+    """sha256 of every data file; `known` holds digests the writer took of files it wrote (a build's workers hash
+    their own shards, so the driver does not read the snapshot's bytes again)."""
+    known = known or {}
+    out = {}
+    for path in data_files(folder):
+        name = path.relative_to(folder).as_posix()
+        out[name] = known.get(name) or file_sha256(path)
+    return out
+
+
+def shard_files(folder: Path, split: str, shards: list[dict]) -> dict[str, str]:
+    """{"<split>/<file>": sha256} of the files of these shards of a split (hashed where they were written)."""
+    return {f"{split}/{s['name']}.{part}": file_sha256(folder / split / f"{s['name']}.{part}")
+            for s in shards for part in (*(f"{a}.npy" for a in ARRAYS), "meta.jsonl")}
 
 
 def content_hash(files: Mapping[str, str]) -> str:
