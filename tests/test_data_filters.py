@@ -145,3 +145,27 @@ def test_config_rejects_unknown_filters_languages_and_pii_types_when_read():
 )
 def test_short_answers_to_requests_for_short_answers_are_kept(prompt, answer):
     assert run_filters(rec(prompt, answer), CFG) == (True, "")
+
+
+def test_symbol_ratio_counts_exactly_the_characters_its_definition_names():
+    """The ratio is counted by regex for speed; it must count what the rule says, character by character:
+    non-space characters outside URLs, of which those neither alphanumeric nor plain punctuation are odd."""
+    import random
+    import re
+
+    from mlops.data.filters import PLAIN_PUNCT, URL_RE, symbol_ratio
+
+    def by_character(text: str) -> float:
+        chars = [c for c in URL_RE.sub("", text) if not c.isspace()]
+        if not chars:
+            return 0.0
+        odd = sum(1 for c in chars if not c.isalnum() and c not in PLAIN_PUNCT)
+        runs = sum(len(m.group(0)) for m in re.finditer(r"([^\w\s])\1{2,}", text) if m.group(1) in PLAIN_PUNCT)
+        return min(1.0, (odd + runs) / len(chars))
+
+    rng = random.Random(5)
+    alphabet = [chr(i) for i in range(0x20, 0x3100)] + list("\u00a0\u2028\u3000\x1c\x85_\t\n") + ["https://x.io/a "]
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(3000)]
+    texts += ["$$$$ !!!! ????", "plain words only", "   ", "\u00b2\u2153 \u0663 numbers", "emoji 🙂 ✓ ©"]
+    assert [symbol_ratio(t) for t in texts] == [by_character(t) for t in texts]
+    assert symbol_ratio("emoji 🙂 ✓ ©") > 0 and symbol_ratio("plain words only") == 0

@@ -55,6 +55,28 @@ def test_text_records_train_on_every_token_and_end_with_eos(tok):
     assert mask.all() and ids[-1] == tok.tok.eos_token_id
 
 
+AWKWARD_TEXTS = ["Unplug the router.", "  leading and  double  spaces\n\nand blank lines\t", "Café déjà vu — “quotes”",
+                 "携帯は080-1234-5678です", "emoji 🙂👍🏽 and zero\u200bwidth", "<|im_end|> typed by a user", ""]
+
+
+def test_the_direct_tokenizer_path_gives_the_same_ids_offsets_and_counts_as_transformers(tok):
+    """The build calls the Rust tokenizer directly (speed); it must agree with the transformers wrapper that
+    training and serving use, special-token look-alikes and Unicode included."""
+    assert tok.backend is not None  # the tiny model has a fast tokenizer: the direct path is the one measured
+    for text in AWKWARD_TEXTS:
+        wrapped = tok.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = tok.ids_and_offsets(text)
+        assert list(ids) == wrapped["input_ids"] and [tuple(o) for o in offsets] == [tuple(o) for o in
+                                                                                 wrapped["offset_mapping"]]
+    assert tok.count(AWKWARD_TEXTS) == [len(i) for i in tok.tok(AWKWARD_TEXTS, add_special_tokens=False)["input_ids"]]
+    record = chat(("user", AWKWARD_TEXTS[3]), ("assistant", AWKWARD_TEXTS[4]), ("user", AWKWARD_TEXTS[5]),
+                  ("assistant", AWKWARD_TEXTS[2]))
+    ids, mask = tok.encode(record)
+    full = tok.tok.apply_chat_template(record.messages, tokenize=False)
+    assert ids.tolist() == tok.tok(full, add_special_tokens=False)["input_ids"]
+    assert masked_spans(tok, ids, mask) == [AWKWARD_TEXTS[4] + "<|im_end|>\n", AWKWARD_TEXTS[2] + "<|im_end|>\n"]
+
+
 def test_tokenizer_info_hashes_vocab_and_template(tiny_model):
     info = tokenizer_info(tiny_model["path"], "tiny", tiny_model["id"])
     assert len(info["vocab_hash"]) == 64 and len(info["chat_template_hash"]) == 64

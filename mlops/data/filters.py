@@ -66,14 +66,21 @@ def url_filter(record: Record, cfg: FilterConfig) -> Verdict:
     return (False, "url_ratio") if url_ratio(record.text) > cfg.max_url_ratio else OK
 
 
+# Counted by regex, not per character in Python (the same sets: re's \w is str.isalnum() plus "_", and \s is
+# str.isspace()); a filter runs on every record of a build.
+SPACE_RE = re.compile(r"\s")
+ODD_RE = re.compile("[^\\w\\s" + re.escape("".join(sorted(PLAIN_PUNCT))) + "]")
+
+
 def symbol_ratio(text: str) -> float:
-    chars = [c for c in URL_RE.sub("", text) if not c.isspace()]
+    kept = URL_RE.sub("", text)
+    chars = len(kept) - len(SPACE_RE.findall(kept))
     if not chars:
         return 0.0
-    odd = sum(1 for c in chars if not c.isalnum() and c not in PLAIN_PUNCT)
+    odd = len(ODD_RE.findall(kept))
     # Runs of plain punctuation ("!!!!", "$$$$") are garbage too; odd symbols are already counted.
     runs = sum(len(m.group(0)) for m in re.finditer(r"([^\w\s])\1{2,}", text) if m.group(1) in PLAIN_PUNCT)
-    return min(1.0, (odd + runs) / len(chars))
+    return min(1.0, (odd + runs) / chars)
 
 
 @FILTERS.register("symbol_ratio")

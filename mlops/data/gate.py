@@ -111,7 +111,7 @@ def _plain(value: Any) -> Any:
 
 
 class Gate:
-    """One GE context, suite and validation definition per build; `validate(frame)` per batch."""
+    """One GE context, batch definition and suite per process; `validate(frame)` per batch."""
 
     def __init__(self, suite_name: str, params: GateParams) -> None:
         import great_expectations as gx
@@ -131,12 +131,16 @@ class Gate:
         for expectation in self.spec.build(params):
             suite.add_expectation(expectation)
         self.expectations = len(suite.expectations)
-        self.definition = context.validation_definitions.add(
-            gx.ValidationDefinition(name=f"{self.spec.key}-batch", data=batch_definition, suite=suite)
-        )
+        self.batch_definition, self.suite = batch_definition, suite
 
     def validate(self, frame) -> GateResult:
-        result = self.definition.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY")
+        """A verdict first (GE's BOOLEAN_ONLY costs half of a summary: a passing batch keeps no report); a
+        failing batch is validated again with a summary, the report its quarantine folder keeps."""
+        batch = self.batch_definition.get_batch(batch_parameters={"dataframe": frame})
+        verdict = batch.validate(self.suite, result_format="BOOLEAN_ONLY")
+        if verdict.success:
+            return GateResult(True, [], {"success": True}, len(verdict.results))
+        result = batch.validate(self.suite, result_format="SUMMARY")
         failed = [_failure(r) for r in result.results if not r.success]
         return GateResult(bool(result.success), failed, result.to_json_dict(), len(result.results))
 

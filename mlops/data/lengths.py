@@ -53,9 +53,8 @@ def count_tokens(texts: list[str]) -> list[int] | None:
 
     if "tok" not in tokenize._STATE:
         return None
-    tok = tokenize.tokenizer().tok
     cut = [t[:TOKENIZE_CAP] for t in texts]
-    counts = [len(ids) for ids in tok(cut, add_special_tokens=False)["input_ids"]] if cut else []
+    counts = tokenize.tokenizer().count(cut)
     return [n if len(t) <= TOKENIZE_CAP else math.ceil(n * len(t) / TOKENIZE_CAP) for n, t in zip(counts, texts,
                                                                                                    strict=True)]
 
