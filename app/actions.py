@@ -46,6 +46,10 @@ def attempt(what: str, action, *args, **kwargs):
         ui.log.exception("app: %s failed", what)
         ui.flash("error", f"{what} failed: {ui.plain(err)}")
     finally:
+        try:  # an act that was in force before a later step failed: its lag is this session's to see, now
+            flush_display(report=True)
+        except DisplayLagError as err:
+            ui.flash("error", f"{what}: {err}")
         data.invalidate()
     return None
 

@@ -239,7 +239,17 @@ def _heal_display(model: str, state, entries) -> dict[str, str]:
 
 
 _DISPLAY: list[threading.Thread] = []
-_LAGS: list[tuple[int, DisplayLagError]] = []  # (the acting thread, what its display writer could not write)
+_LOCAL = threading.local()
+
+
+def unreported_lags() -> list[DisplayLagError]:
+    """This thread's acts whose display copies could not be written, not yet reported. Thread-local, not keyed
+    by thread ident: idents are reused, and a later thread (another app session's) must not be told of an
+    earlier thread's lag as if it were its own act's."""
+    lags = getattr(_LOCAL, "lags", None)
+    if lags is None:
+        lags = _LOCAL.lags = []
+    return lags
 
 
 def _write_display_later(model: str, plan: Plan, written: list, held: contextlib.ExitStack) -> None:
@@ -250,7 +260,7 @@ def _write_display_later(model: str, plan: Plan, written: list, held: contextlib
         return
     from mlops.tracking import tracking_uri
 
-    actor, store = threading.get_ident(), tracking_uri()  # the act's store, whatever this process uses next
+    lags, store = unreported_lags(), tracking_uri()  # the acting thread's; the act's store, whatever comes next
 
     def write() -> None:
         try:
@@ -258,7 +268,7 @@ def _write_display_later(model: str, plan: Plan, written: list, held: contextlib
             _write_display_tags(model, plan, store)
         except DisplayLagError as err:
             log.warning("%s", err)
-            _LAGS.append((actor, err))
+            lags.append(err)
         finally:
             held.close()
 
@@ -277,12 +287,11 @@ def flush_display(*, report: bool = False) -> None:
             break
         thread.join()
     if report:
-        me = threading.get_ident()
-        mine = [item for item in list(_LAGS) if item[0] == me]
-        for item in mine:
-            _LAGS.remove(item)
-        if mine:
-            raise mine[-1][1]
+        lags = unreported_lags()
+        if lags:
+            err = lags[-1]
+            lags.clear()
+            raise err
 
 
 def _write_display_tags(model: str, plan: Plan, store: str | None = None) -> None:

@@ -77,9 +77,9 @@ def flush_pending_display() -> None:
     transition = sys.modules.get("registry.transition")
     if transition is not None:
         transition.flush_display()
-        # A lag an earlier test left unreported belongs to its store: the main thread's ident is the same in every
-        # test of this process, so a later CLI call would report it as its own act's.
-        transition._LAGS.clear()
+        # A lag an earlier test left unreported belongs to its store: every test of this process runs on the same
+        # main thread, so a later CLI call would report it as its own act's.
+        transition.unreported_lags().clear()
 
 
 REGISTRY_STORES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
