@@ -164,33 +164,48 @@ def _trace(r: LoggedRequest, experiment_id: str):
     return info, span
 
 
-def existing_traces(trace_ids: list[str], url: str | None = None) -> set[str]:
-    """Which of these trace ids the store holds already."""
+SPANS_TAG = "mlflow.trace.spansLocation"  # MLflow sets it once a trace's spans are stored
+COMPLETE = f"tag.`{SPANS_TAG}` IS NOT NULL"
+
+
+def stored_traces(trace_ids: list[str], url: str | None = None) -> dict[str, bool]:
+    """Which of these trace ids the store holds: trace id -> whether it is complete. A trace whose info was written
+    but not its spans (the writer was killed between the two) is half written: writing its row again completes it."""
     client, experiment_id = store(url)
-    found: set[str] = set()
+    found: dict[str, bool] = {}
     ids = list(dict.fromkeys(trace_ids))
     for start in range(0, len(ids), PAGE):
         chunk = ", ".join(f"'{i}'" for i in ids[start:start + PAGE])
-        found |= {t.info.trace_id for t in _search(client, experiment_id, f"request_id IN ({chunk})", spans=False)}
+        found |= {t.info.trace_id: SPANS_TAG in t.info.tags
+                  for t in _search(client, experiment_id, f"request_id IN ({chunk})", spans=False)}
     return found
 
 
+def existing_traces(trace_ids: list[str], url: str | None = None) -> set[str]:
+    """Which of these trace ids the store holds complete."""
+    return {tid for tid, complete in stored_traces(trace_ids, url).items() if complete}
+
+
 def write_requests(rows: list[LoggedRequest], url: str | None = None) -> list[str]:
-    """Write the rows as traces; returns the request ids skipped because their trace exists (a reused id)."""
+    """Write the rows as traces; returns the request ids skipped because their trace exists (a reused id). Writing
+    a batch again is safe: its complete traces are skipped, its half-written ones completed."""
     if not rows:
         return []
     client, experiment_id = store(url)
-    seen = existing_traces([trace_id_of(r.request_id) for r in rows], url)
-    fresh, skipped = [], []
+    stored = stored_traces([trace_id_of(r.request_id) for r in rows], url)
+    traces, skipped = [], []
     for r in rows:
         tid = trace_id_of(r.request_id)
-        (skipped if tid in seen else fresh).append(r)
-        seen.add(tid)
-    traces = [_trace(r, experiment_id) for r in fresh]
+        if stored.get(tid):
+            skipped.append(r)
+            continue
+        traces.append((_trace(r, experiment_id), tid in stored))
+        stored[tid] = True
     if traces:
-        for info, _ in traces:  # the trace first: its spans then land on it (the other order makes MLflow merge)
-            client.start_trace(info)
-        client.log_spans(experiment_id, [span for _, span in traces])
+        for (info, _), half_written in traces:  # the trace first: its spans then land on it (else MLflow merges)
+            if not half_written:
+                client.start_trace(info)
+        client.log_spans(experiment_id, [span for (_, span), _ in traces])
     return [r.request_id for r in skipped]
 
 
@@ -263,7 +278,7 @@ def read_requests(*, model: str | None = None, version: str | None = None, role:
                   url: str | None = None, request_ids: list[str] | None = None) -> list[dict]:
     """Logged answers as rows (oldest first), read back from the traces through MLflow's search."""
     client, experiment_id = store(url)
-    base = _filter(model, version, role, since)
+    base = " AND ".join(filter(None, [_filter(model, version, role, since), COMPLETE]))  # half written: not yet
     if request_ids is not None:
         ids = [trace_id_of(r) for r in dict.fromkeys(request_ids)]
         traces = []

@@ -38,6 +38,10 @@ class RequestLogConfig(StrictModel):
         5.0, ge=0, description="traces wait up to this long for CPU time nothing else wants (the writer runs at idle "
         "priority); an older backlog is written at nice 10, competing with the gateway. 0: always nice 10"
     )
+    drain_seconds: float = Field(
+        60.0, ge=0, description="on SIGTERM, after the engines drained, the backlog is written for up to this long; "
+        "rows left then are kept in a spool file that the next server on the same store writes first"
+    )
 
 
 class ShadowConfig(StrictModel):

@@ -131,7 +131,7 @@ class ServingMiddleware:
             return
         try:
             if ctx.request_log is not None:
-                from serving.request_log import answered_row
+                from serving.request_rows import answered_row
 
                 ctx.request_log.submit(answered_row(ctx.log_model or ctx.slot.name, record, serving, capture))
             if (ctx.shadow is not None and record["status"] == 200 and record["role"] == "user" and not record.get("failed")

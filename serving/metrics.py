@@ -65,7 +65,7 @@ class ServerMetrics:
         self.shadow_latency = Histogram("mlops_serve_shadow_latency_seconds", "shadow answer latency, time yielded "
                                         "to user traffic excluded", ["version"], buckets=LATENCY_BUCKETS, registry=r)
         self.request_log_rows = Counter("mlops_serve_request_log_rows", "request log rows by outcome (written, "
-                                        "dropped_full, duplicate, write_error)", ["outcome"], registry=r)
+                                        "dropped_full, duplicate, write_error; at exit spooled, lost_at_exit)", ["outcome"], registry=r)
         self.feedback = Counter("mlops_serve_feedback", "ratings by outcome (stored: on a written trace; "
                                 "written_behind: right after its queued answer's trace; lost: that trace or the "
                                 "rating failed)", ["outcome"], registry=r)

@@ -5,7 +5,9 @@ A background thread takes rows off the queue, scrubs them and writes them as MLf
 `requestlog.write_requests`), so neither the store nor the PII scrubber ever runs on the event loop. When the queue
 is full the row is dropped and counted (`mlops_serve_request_log_rows_total{outcome="dropped_full"}`): a slow store
 costs traces, never a user's latency; a trace that fails to write is counted as `write_error`, its answer already
-sent. Retention runs in the same thread, at start and then daily. Feedback (`POST /v1/feedback`) is an assessment
+sent. Retention runs in the same thread, at start and then daily. On SIGTERM the writer writes its backlog for up to
+`drain_seconds`; what is left then is kept in a spool file (`serving.request_spool`) that the next server on the same
+store writes first. Feedback (`POST /v1/feedback`) is an assessment
 on the answer's trace: it checks the request id and the key that sent it against the rows still queued first; the
 feedback on an answer still queued rides behind it and is written by the same thread right after its trace.
 """
@@ -19,71 +21,10 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from pydantic import Field
-
 from mlops.requestlog import Feedback, LoggedRequest
-from serving.api_schema import _Strict, parse_body
 
 log = logging.getLogger("mlops.serve")
 PRUNE_EVERY_S = 86400.0
-LOGGED_ROUTES = ("/v1/completions", "/v1/chat/completions")
-
-
-class FeedbackRequest(_Strict):
-    request_id: str = Field(min_length=1, max_length=80, description="the X-Request-ID of the answer rated")
-    rating: int = Field(ge=-1, le=1, description="-1 bad, 0 neutral, 1 good")
-    correction: str | None = Field(None, max_length=20000, description="what the answer should have said")
-
-
-def parse_feedback(raw: bytes | None, source: str | None) -> Feedback:
-    """The feedback in a request body; an ApiError (400) naming the field when it is malformed."""
-    body = parse_body(raw or b"", FeedbackRequest)
-    correction = body.correction if body.correction and body.correction.strip() else None
-    return Feedback(body.request_id, body.rating, correction=correction, source=source)
-
-
-def request_messages(prep, engine):
-    """A prepared request's prompt as chat messages, as the log stores it (the client's messages, without the
-    profile's system prompt). Token-id prompts are decoded later, on the writer's thread."""
-    body = prep.body
-    if prep.chat:
-        return [{"role": m.role, "content": m.text()} for m in body.messages]
-    if isinstance(body.prompt, str):
-        return [{"role": "user", "content": body.prompt}]
-    if body.prompt and isinstance(body.prompt[0], str):
-        return [{"role": "user", "content": p} for p in body.prompt]
-    ids = [list(p) for p in prep.prompts]
-    return lambda: [{"role": "user", "content": engine.detokenize(p)} for p in ids]
-
-
-def answered_row(model: str, record: dict, serving, capture: dict) -> LoggedRequest:
-    """The log row of one answered request, from the middleware's access record and what its handler captured
-    (`capture["key"]`: the sending API key's name)."""
-    response = capture.get("response")
-    if response is None:
-        response = "".join(capture.get("parts") or ())  # streamed, possibly cut short by a disconnect
-    return LoggedRequest(
-        record["request_id"], model[:256], log_version(serving.version), record["route"], capture.get("messages") or [],
-        response,
-        status=record["status"], role=record.get("role") or "user", profile_hash=serving.profile_hash,
-        latency_ms=record["latency_ms"] or 0.0, ttft_ms=record.get("ttft_ms"),
-        tokens_in=record.get("prompt_tokens") or 0, tokens_out=record.get("completion_tokens") or 0,
-        error=capture.get("error"), key=capture.get("key"), engine=serving_engine(serving),
-        quantization=getattr(getattr(serving, "profile", None), "quantization", None),
-    )
-
-
-def serving_engine(serving) -> str | None:
-    return getattr(getattr(serving, "engine", None), "name", None)
-
-
-def log_version(version: str) -> str:
-    """A version as the trace's tag holds it: registry versions are short; a folder's name may not be."""
-    if len(version) <= 40:
-        return version
-    import hashlib
-
-    return version[:31] + "~" + hashlib.sha1(version.encode()).hexdigest()[:8]
 
 
 class RequestLogWriter:
@@ -92,8 +33,8 @@ class RequestLogWriter:
 
     def __init__(self, *, url: str | None = None, queue_size: int = 10000, batch_rows: int = 200,
                  flush_seconds: float = 0.5, retention_days: float | None = 30.0,
-                 process: bool = False, idle_lag_seconds: float = 5.0) -> None:
-        self.url, self.idle_lag_seconds = url, idle_lag_seconds
+                 process: bool = False, idle_lag_seconds: float = 5.0, drain_seconds: float = 60.0) -> None:
+        self.url, self.idle_lag_seconds, self.drain_seconds = url, idle_lag_seconds, drain_seconds
         self.batch_rows, self.flush_seconds, self.retention_days = batch_rows, flush_seconds, retention_days
         # process: the MLflow writes run in a niced child (serving.trace_writer), away from the gateway's GIL.
         self._child = None
@@ -114,6 +55,9 @@ class RequestLogWriter:
         self._feedback_in_hand = 0  # taken off _feedback_behind, being written
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._abandon = threading.Event()  # the drain's deadline passed: the rest goes to the spool
+        self._keep_child = False  # the child was raised to the gateway's priority for the drain (`close`)
+        self._in_hand: list[LoggedRequest] = []  # the batch being written
         self._thread: threading.Thread | None = None
         self._last_error = 0.0
 
@@ -122,7 +66,7 @@ class RequestLogWriter:
         """From `serve.request_log` (a `serving_config.RequestLogConfig`)."""
         return cls(url=cfg.database, queue_size=cfg.queue, batch_rows=cfg.batch_rows,
                    flush_seconds=cfg.flush_seconds, retention_days=cfg.retention_days, process=True,
-                   idle_lag_seconds=cfg.idle_lag_seconds)
+                   idle_lag_seconds=cfg.idle_lag_seconds, drain_seconds=cfg.drain_seconds)
 
     # ------------------------------------------------------------------ any thread
 
@@ -175,19 +119,55 @@ class RequestLogWriter:
         self._thread.start()
         return self
 
-    def close(self, timeout: float = 30.0) -> None:
-        """Write what is queued (the process is stopping), then stop."""
-        self._stop.set()
+    def close(self, timeout: float | None = None) -> None:
+        """Write what is queued (the process is stopping) for up to `timeout` (default: drain_seconds), then stop;
+        rows still unwritten then go to the spool, for the next server on this store."""
+        timeout = self.drain_seconds if timeout is None else timeout
+        started, backlog = time.monotonic(), self._queue.qsize() + len(self._in_hand)
+        if backlog:
+            log.info("request log: writing %d queued rows before exit (up to %.0f s)", backlog, timeout)
         child = self._child
-        if child is not None:
-            child.hurry()  # its batch in hand; the thread writes the rest itself (_retire_child)
+        # A child raised to the gateway's priority drains fastest: it is warm (imports, connections). Where the OS
+        # refuses (raising priority needs CAP_SYS_NICE), the thread retires it and writes the rest itself.
+        self._keep_child = child is not None and child.hurry()
+        self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
-                log.error("request log: %d rows were still queued after %.0f s and are lost", self._queue.qsize(),
-                          timeout)
+                self._spool_the_rest(timeout)
         if self._child is not None:
             self._retire_child()
+        if backlog:
+            log.info("request log: drained in %.1f s (%s)", time.monotonic() - started,
+                     ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items())) or "nothing written")
+
+    def _spool_the_rest(self, timeout: float) -> None:
+        from serving.request_spool import spool
+
+        self._abandon.set()
+        with self._lock:
+            rows = list(self._in_hand)  # perhaps partly written: a replay skips or completes those traces
+            while True:
+                try:
+                    rows.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            ids = {r.request_id for r in rows}
+            feedback = [f for rid, items in self._feedback_behind.items() if rid in ids for f in items]
+        if self._child is not None:
+            child, self._child = self._child, None
+            child.close(0)  # its batch is in the spool
+        try:
+            path = spool(rows, feedback, self.url)
+        except Exception as err:  # noqa: BLE001 - nothing else can keep them now
+            self._count("lost_at_exit", len(rows))
+            log.error("request log: %d rows unwritten after %g s could not be spooled either and are lost (%s: %s)",
+                      len(rows), timeout, type(err).__name__, err)
+            return
+        self._count("spooled", len(rows))
+        log.warning("request log: %d rows and %d feedback items unwritten after %g s are kept in %s; the next "
+                    "server on this store writes them first (serve.request_log.drain_seconds sets the wait)",
+                    len(rows), len(feedback), timeout, path)
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until every queued row was attempted (tests, benchmarks); True when the queue emptied in time."""
@@ -203,18 +183,42 @@ class RequestLogWriter:
 
     def _run(self) -> None:
         self._prune()
+        self._replay_spool()
         last_prune = time.monotonic()
-        while True:
-            if self._stop.is_set() and self._child is not None:
+        while not self._abandon.is_set():
+            if self._stop.is_set() and self._child is not None and not self._keep_child:
                 self._retire_child()
             batch = self._take()
             if batch:
+                self._in_hand = batch
                 self._write(batch)
+                self._in_hand = []
             if time.monotonic() - last_prune > PRUNE_EVERY_S:
                 self._prune()
                 last_prune = time.monotonic()
             if self._stop.is_set() and self._queue.empty():
                 return
+
+    def _replay_spool(self) -> None:
+        """Rows an earlier server on this store could not write before it stopped; written before any new row."""
+        from serving.request_spool import claim, load, release
+
+        for path in claim(self.url):
+            try:
+                rows, feedback = load(path)
+                skipped = self._write_rows(rows) if rows else []  # skipped: written before that server stopped
+                self._count("written", len(rows) - len(skipped))
+                with self._lock:
+                    self._feedback_in_hand += len(feedback)
+                self._write_feedback_behind(feedback, {r.request_id for r in rows})
+            except Exception as err:  # noqa: BLE001 - kept for the next start; serving goes on
+                release(path)
+                self._error(f"spooled rows in {path.name} could not be written yet ({type(err).__name__}: "
+                            f"{str(err)[:300]}); the next start tries again")
+                continue
+            path.unlink()
+            log.info("request log: wrote %d rows and %d feedback items an earlier server had spooled", len(rows),
+                     len(feedback))
 
     def _retire_child(self) -> None:
         """The gateway is draining: no answer's latency is left to protect, so what is still queued is written
@@ -248,9 +252,8 @@ class RequestLogWriter:
         traced: set[str] = set()
         try:
             traced = self._written(rows, self._write_rows(rows))
-        except (TimeoutError, EOFError, OSError) as err:  # the child went away: it is replaced on the next batch
-            self._count("write_error", len(rows))
-            self._error(f"{len(rows)} traces were lost with the writer process ({type(err).__name__}: {err})")
+        except (TimeoutError, EOFError, OSError) as err:  # the child died or hung: it was stopped
+            traced = self._write_again(rows, err)
         except Exception:  # noqa: BLE001 - retried row by row: one bad row must not cost its neighbours
             traced = self._write_alone(rows)
         finally:
@@ -264,6 +267,20 @@ class RequestLogWriter:
                         behind += self._feedback_behind.pop(row.request_id, [])
                 self._feedback_in_hand += len(behind)
             self._write_feedback_behind(behind, traced)
+
+    def _write_again(self, rows: list[LoggedRequest], err: Exception) -> set[str]:
+        """The batch once more, in a fresh child: writing it again is safe (its complete traces are skipped, its
+        half-written ones completed). Not once the drain gave up: the batch is in the spool then."""
+        if self._abandon.is_set():
+            return set()
+        log.warning("request log: the trace writer process failed on a batch of %d rows (%s: %s); writing it again",
+                    len(rows), type(err).__name__, str(err)[:300])
+        try:
+            return self._written(rows, self._write_rows(rows))
+        except Exception as again:  # noqa: BLE001 - counted and logged; serving goes on
+            self._count("write_error", len(rows))
+            self._error(f"{len(rows)} traces were lost with the writer process ({type(again).__name__}: {again})")
+            return set()
 
     def _write_feedback_behind(self, items: list[Feedback], traced: set[str]) -> None:
         from mlops.requestlog import write_feedback

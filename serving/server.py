@@ -96,7 +96,7 @@ def build_app(slot: ModelSlot, config: ServeConfig, *, keys=None, request_log=No
 
     from serving.completions import View, context_limit, prepare_chat, prepare_completion, run
     from serving.http import ServingMiddleware
-    from serving.request_log import parse_feedback, request_messages
+    from serving.request_rows import parse_feedback, request_messages
     from serving.streaming import stream
 
     slot.engine_factory = lambda folder, profile: build_engine(folder, engine_spec(config, profile))

@@ -177,7 +177,7 @@ class ShadowRunner:
         from mlops.requestlog import LoggedRequest
         from serving.api_schema import ApiError
         from serving.completions import View, prepare_chat, prepare_completion
-        from serving.request_log import log_version, request_messages, serving_engine
+        from serving.request_rows import log_version, request_messages, serving_engine
         from serving.slot import SlotError
 
         ctx = self._ctx

@@ -242,7 +242,8 @@ def test_request_log_and_shadow_config_is_typed_and_names_bad_values():
 
 def test_the_writer_works_on_postgresql_with_duplicates_and_long_folder_names(postgres_url):
     from mlops.requestlog import LoggedRequest, read_requests
-    from serving.request_log import RequestLogWriter, log_version
+    from serving.request_log import RequestLogWriter
+    from serving.request_rows import log_version
 
     long_name = "checkpoint-folder-of-a-sweep-trial-number-0042-best"
     writer = RequestLogWriter(url=postgres_url, flush_seconds=0.01, retention_days=None)
