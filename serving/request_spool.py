@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict, fields
 from pathlib import Path
 
+from mlops.files import pid_alive
 from mlops.requestlog import Feedback, LoggedRequest, log_url, scrub
 
 SUFFIX = ".jsonl"
@@ -59,7 +60,7 @@ def claim(url: str | None) -> list[Path]:
     mine = []
     for path in sorted(folder.iterdir()):
         owner = path.name.rpartition(CLAIMED)[2] if CLAIMED in path.name else None
-        if path.name.endswith(SUFFIX) or (owner and owner.isdigit() and not _alive(int(owner))):
+        if path.name.endswith(SUFFIX) or (owner and owner.isdigit() and not pid_alive(int(owner))):
             target = folder / f"{path.name.partition(CLAIMED)[0]}{CLAIMED}{os.getpid()}"
             try:
                 path.rename(target)
@@ -86,15 +87,3 @@ def load(path: Path) -> tuple[list[LoggedRequest], list[Feedback]]:
         else:
             feedback.append(Feedback(**item["feedback"]))
     return rows, feedback
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -20,6 +20,7 @@ import threading
 import time
 
 from mlops.errors import MLOpsError
+from mlops.files import pid_alive
 
 log = logging.getLogger(__name__)
 LAUNCHER_PID_ENV = "MLOPS_TRAIN_LAUNCHER_PID"
@@ -118,16 +119,6 @@ def child_dies_with_parent() -> None:
 def launcher_env() -> dict[str, str]:
     """What a launcher exports so that its workers can watch it."""
     return {LAUNCHER_PID_ENV: str(os.getpid()), LAUNCHER_HOST_ENV: socket.gethostname()}
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Watchdog:

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from mlops.errors import MLOpsError
-from mlops.files import atomic_write_json, atomic_write_text, file_sha256  # noqa: F401 - used here and re-exported
+from mlops.files import atomic_write_json, atomic_write_text, file_sha256, pid_alive  # noqa: F401 - used here and re-exported
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -249,23 +249,13 @@ def staging_dir(root: Path) -> Path:
     return path
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale_staging(root: Path) -> list[Path]:
     """Remove staging (and trash) folders whose builder process is gone: what a SIGKILLed build left behind.
     The pid in the folder name says whose it is; a live pid's folder is another build in progress."""
     removed = []
     for path in root.glob(".staging-*") if root.is_dir() else []:
         pid = path.name.split("-")[1] if path.name.count("-") >= 2 else ""
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     for path in root.glob(".trash-*") if root.is_dir() else []:
