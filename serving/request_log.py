@@ -206,8 +206,10 @@ class RequestLogWriter:
         for path in claim(self.url):
             try:
                 rows, feedback = load(path)
-                skipped = self._write_rows(rows) if rows else []  # skipped: written before that server stopped
-                self._count("written", len(rows) - len(skipped))
+                for start in range(0, len(rows), self.batch_rows):  # a spool may hold a whole backlog
+                    chunk = rows[start:start + self.batch_rows]
+                    skipped = self._write_rows(chunk)  # skipped: written before that server stopped
+                    self._count("written", len(chunk) - len(skipped))
                 with self._lock:
                     self._feedback_in_hand += len(feedback)
                 self._write_feedback_behind(feedback, {r.request_id for r in rows})

@@ -97,7 +97,7 @@ def test_rows_unwritten_at_the_drain_deadline_are_spooled_scrubbed_and_written_b
     assert "r1@x.org" not in spooled.read_text() and "[EMAIL]" in spooled.read_text()
 
     monkeypatch.setattr(requestlog, "write_requests", real_write)
-    restarted = RequestLogWriter(flush_seconds=0.01, retention_days=None).start()
+    restarted = RequestLogWriter(flush_seconds=0.01, retention_days=None, batch_rows=2).start()
     assert restarted.flush(60)
     restarted.close()
     rows = read_requests()
