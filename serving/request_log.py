@@ -125,7 +125,7 @@ class RequestLogWriter:
         timeout = self.drain_seconds if timeout is None else timeout
         started, backlog = time.monotonic(), self._queue.qsize() + len(self._in_hand)
         if backlog:
-            log.info("request log: writing %d queued rows before exit (up to %.0f s)", backlog, timeout)
+            log.info("request log: writing %d queued rows before exit (up to %g s)", backlog, timeout)
         child = self._child
         # A child raised to the gateway's priority drains fastest: it is warm (imports, connections). Where the OS
         # refuses (raising priority needs CAP_SYS_NICE), the thread retires it and writes the rest itself.
@@ -183,7 +183,8 @@ class RequestLogWriter:
 
     def _run(self) -> None:
         self._prune()
-        self._replay_spool()
+        if not self._stop.is_set():  # a server stopping at once leaves the spool to the next one
+            self._replay_spool()
         last_prune = time.monotonic()
         while not self._abandon.is_set():
             if self._stop.is_set() and self._child is not None and not self._keep_child:

@@ -60,6 +60,8 @@ def claim(url: str | None) -> list[Path]:
     mine = []
     for path in sorted(folder.iterdir()):
         owner = path.name.rpartition(CLAIMED)[2] if CLAIMED in path.name else None
+        if path.name.endswith(f"-{os.getpid()}{SUFFIX}"):
+            continue  # spooled by this process as it stops: never its own next batch
         if path.name.endswith(SUFFIX) or (owner and owner.isdigit() and not pid_alive(int(owner))):
             target = folder / f"{path.name.partition(CLAIMED)[0]}{CLAIMED}{os.getpid()}"
             try:

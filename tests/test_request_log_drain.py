@@ -24,6 +24,12 @@ def _half_write(row) -> None:
     client.start_trace(_trace(row, experiment_id)[0])
 
 
+def _as_if_spooled_by_another_process(path):
+    import os
+
+    return path.rename(path.with_name(path.name.replace(f"-{os.getpid()}.", f"-{os.getpid() + 1}.")))
+
+
 def test_a_half_written_trace_is_hidden_from_readers_and_completed_when_its_row_is_written_again(traced_home):
     from mlops.requestlog import existing_traces, read_requests, stored_traces, trace_id_of, write_requests
 
@@ -95,6 +101,7 @@ def test_rows_unwritten_at_the_drain_deadline_are_spooled_scrubbed_and_written_b
     assert writer.counts["spooled"] == 3
     [spooled] = list(spool_dir(None).iterdir())
     assert "r1@x.org" not in spooled.read_text() and "[EMAIL]" in spooled.read_text()
+    _as_if_spooled_by_another_process(spooled)  # the next server is this test's process too
 
     monkeypatch.setattr(requestlog, "write_requests", real_write)
     restarted = RequestLogWriter(flush_seconds=0.01, retention_days=None, batch_rows=2).start()
@@ -106,21 +113,24 @@ def test_rows_unwritten_at_the_drain_deadline_are_spooled_scrubbed_and_written_b
     assert list(spool_dir(None).iterdir()) == []
 
 
-def test_two_servers_starting_together_never_both_take_a_spool_file_and_a_dead_ones_claim_is_taken_back(traced_home):
+def test_a_spool_file_is_taken_by_one_server_never_by_the_one_writing_it_and_back_from_a_dead_claim(traced_home):
+    import os
     import subprocess
     import sys
 
-    from serving.request_spool import CLAIMED, claim, load, spool, spool_dir
-
-    first = spool([_row("s1")], [], None)
-    assert [p.name for p in claim(None)] == [f"{first.name}{CLAIMED}{__import__('os').getpid()}"]
-    assert claim(None) == []  # held by a live server (this one)
+    from serving.request_spool import CLAIMED, claim, load, spool
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = spool_dir(None) / f"{spool([_row('s2')], [], None).name}{CLAIMED}{dead.stdout.strip()}"
-    next(p for p in spool_dir(None).iterdir() if p.name.endswith(".jsonl")).rename(stale)
+    dead_pid = dead.stdout.strip()
+    own = spool([_row("s0")], [], None)
+    assert claim(None) == []  # spooled by this server as it stops: not its own next batch
+    other = own.rename(own.with_name(own.name.replace(f"-{os.getpid()}.", f"-{dead_pid}.")))  # another server's
+    [mine] = claim(None)
+    assert mine.name == f"{other.name}{CLAIMED}{os.getpid()}"
+    assert claim(None) == []  # held by a live server (this one): a second server starting now leaves it
+    mine.rename(mine.with_name(f"{other.name}{CLAIMED}{dead_pid}"))  # the claim of a server that died replaying
     [taken] = claim(None)
-    assert [r.request_id for r in load(taken)[0]] == ["s2"]
+    assert [r.request_id for r in load(taken)[0]] == ["s0"]
 
 
 @pytest.mark.parametrize("drain_seconds", [-1.0])
