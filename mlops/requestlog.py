@@ -22,7 +22,7 @@ import json
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 DB_ENV = "MLOPS_REQUEST_LOG_DB"
@@ -123,13 +123,21 @@ _SCRUBBER: list = []
 # --------------------------------------------------------------------------- writing
 
 
+def scrubbed(r: LoggedRequest) -> LoggedRequest:
+    """The row as the log may keep it: its prompt (resolved, when it is a callable), answer and error scrubbed.
+    Scrubbing is idempotent, so a row scrubbed once (a spooled one) comes out the same."""
+    messages = r.messages() if callable(r.messages) else r.messages
+    return replace(r, messages=[{**m, "content": scrub(str(m.get("content", "")))} for m in messages],
+                   response=scrub(r.response) or "", error=scrub(r.error))
+
+
 def _trace(r: LoggedRequest, experiment_id: str):
     """(TraceInfo, root Span) of one answer, scrubbed."""
     from mlflow.entities import Span, TraceInfo, TraceLocation, TraceState
 
     trace_id = trace_id_of(r.request_id)
-    messages = [{**m, "content": scrub(str(m.get("content", "")))} for m in r.messages]
-    response, error = scrub(r.response) or "", scrub(r.error)
+    clean = scrubbed(r)
+    messages, response, error = clean.messages, clean.response, clean.error
     start_ns = int(r.ts * 1e9)
     end_ns = start_ns + int(max(r.latency_ms or 0.0, 0.0) * 1e6)
     ok = r.status < 400 and not error

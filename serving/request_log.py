@@ -138,8 +138,8 @@ class RequestLogWriter:
         if self._child is not None:
             self._retire_child()
         if backlog:
-            log.info("request log: drained in %.1f s (%s)", time.monotonic() - started,
-                     ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items())) or "nothing written")
+            log.info("request log: drained in %.1f s (this server's rows: %s)", time.monotonic() - started,
+                     ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items())) or "none written")
 
     def _spool_the_rest(self, timeout: float) -> None:
         from serving.request_spool import spool
@@ -161,8 +161,9 @@ class RequestLogWriter:
             path = spool(rows, feedback, self.url)
         except Exception as err:  # noqa: BLE001 - nothing else can keep them now
             self._count("lost_at_exit", len(rows))
-            log.error("request log: %d rows unwritten after %g s could not be spooled either and are lost (%s: %s)",
-                      len(rows), timeout, type(err).__name__, err)
+            log.error("request log: %d rows unwritten after %g s could not be spooled either and are lost (%s: %s). "
+                      "Fix: make the spool folder writable (the server's .mlops/serve/), or give the drain longer "
+                      "(serve.request_log.drain_seconds)", len(rows), timeout, type(err).__name__, err)
             return
         self._count("spooled", len(rows))
         log.warning("request log: %d rows and %d feedback items unwritten after %g s are kept in %s; the next "

@@ -19,7 +19,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from mlops.files import pid_alive
-from mlops.requestlog import Feedback, LoggedRequest, log_url, scrub
+from mlops.requestlog import Feedback, LoggedRequest, log_url, scrubbed
 
 SUFFIX = ".jsonl"
 CLAIMED = ".replaying-"
@@ -38,17 +38,11 @@ def spool(rows: list[LoggedRequest], feedback: list[Feedback], url: str | None) 
 
     if not rows and not feedback:
         return None
-    lines = [json.dumps({"request": _scrubbed(r)}, ensure_ascii=False) for r in rows]
+    lines = [json.dumps({"request": asdict(scrubbed(r))}, ensure_ascii=False) for r in rows]
     lines += [json.dumps({"feedback": asdict(f)}, ensure_ascii=False) for f in feedback]
     path = spool_dir(url) / f"{time.time_ns()}-{os.getpid()}{SUFFIX}"
     path.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_text(path, "\n".join(lines) + "\n", fsync=True)
-
-
-def _scrubbed(row: LoggedRequest) -> dict:
-    messages = row.messages() if callable(row.messages) else row.messages
-    data = asdict(row) | {"messages": [{**m, "content": scrub(str(m.get("content", "")))} for m in messages]}
-    return data | {"response": scrub(row.response) or "", "error": scrub(row.error)}
 
 
 def claim(url: str | None) -> list[Path]:

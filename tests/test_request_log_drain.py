@@ -133,11 +133,10 @@ def test_a_spool_file_is_taken_by_one_server_never_by_the_one_writing_it_and_bac
     assert [r.request_id for r in load(taken)[0]] == ["s0"]
 
 
-@pytest.mark.parametrize("drain_seconds", [-1.0])
-def test_a_negative_drain_deadline_is_refused_naming_the_field(drain_seconds):
+def test_a_negative_drain_deadline_is_refused_naming_the_field():
     from pydantic import ValidationError
 
     from serving.config import RequestLogConfig
 
     with pytest.raises(ValidationError, match="drain_seconds"):
-        RequestLogConfig(drain_seconds=drain_seconds)
+        RequestLogConfig(drain_seconds=-1.0)
