@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+from mlops.data.pii_structured import folded
+
 Span = tuple[int, int]
 TRAILING = ".,;:!?)]}\"'`”’»"
 DIGIT = re.compile(r"\d")
@@ -35,16 +37,21 @@ NUMBER_FIRST = re.compile(
 _ROMANCE_WORDS = (r"rue|avenue|av\.|boulevard|bd|place|allée|allee|chemin|impasse|quai|route|cours|passage|square|"
                   r"calle|avenida|avda\.?|paseo|camino|carrer|avinguda|via|viale|corso|rua|travessa")
 _PARTICLES = r"de|du|des|la|le|l'|l’|d'|d’|saint|sainte|del|las|los|di|della|dei|degli|da|do|dos|das"
+_ROMANCE_LEADS = r"calle|c/|avenida|avda\.?|plaza|paseo|camino|carrer|via|viale|piazza|corso|largo|rua|travessa|praça"
 ROMANCE_STREET = re.compile(
     rf"\b\d{{1,4}}(?:\s?(?:bis|ter))?,?\s+(?:{_ROMANCE_WORDS})\s+(?:(?:{_PARTICLES})\s*)*"
     rf"{_WORD}(?:\s+{_WORD}){{0,3}}"
-    r"|\b(?:calle|c/|avenida|avda\.?|plaza|paseo|camino|carrer|via|viale|piazza|corso|largo|rua|travessa|praça)\s+"
+    rf"|\b(?:{_ROMANCE_LEADS})\s+"
     rf"(?:(?:de|del|la|las|los|di|della|dei|degli|da|do|dos|das)\s+)*{_WORD}(?:\s+{_WORD}){{0,3}},?\s+"
     r"(?:n[º°o]\.?\s*)?\d{1,4}[A-Za-z]?(?![\w])",  # "Calle Mayor, 28014 Madrid": 2801 is no house number
     re.IGNORECASE,
 )
+# Gates, matched case-sensitively against pii_structured.folded(text) (see there): where they find nothing, the
+# case-insensitive street patterns cannot match either.
+ROMANCE_GATE = re.compile(rf"\d(?:\s?(?:bis|ter))?,?\s+(?:{_ROMANCE_WORDS})\s|(?:{_ROMANCE_LEADS})\s")
 GERMANIC_HINT = re.compile(r"(?:straße|strasse|str\.|weg|gasse|platz|allee|ring|damm|ufer|chaussee|steig|pfad|gracht|"
-                           r"laan|plein|straat|kade|vej|gade|gatan|vägen|veien|gata|utca|ulica)\s+\d", re.IGNORECASE)
+                           r"laan|plein|straat|kade|vej|gade|gatan|vägen|veien|gata|utca|ulica)\s+\d")
+PO_BOX_GATE = re.compile(r"(?:box|postfach|apartado)\s+\d")
 ADDRESS_WORDS = ("address", "live", "moved", "ship", "deliver", "send", "mail", "located", "i'm at", "habite", "wohne",
                  "vivo", "dirección", "adresse")
 GERMANIC_STREET = re.compile(
@@ -109,13 +116,12 @@ def find_address(text: str) -> Iterator[Span]:
     if not DIGIT.search(text):  # house numbers, postcodes, PO boxes: every form has a digit
         return
     found: list[Span] = []
-    patterns = (NUMBER_FIRST, ROMANCE_STREET, GERMANIC_STREET, PO_BOX) if GERMANIC_HINT.search(text) else (
-        NUMBER_FIRST, ROMANCE_STREET, PO_BOX)
-    for pattern in patterns:
+    low = folded(text)
+    gated = ((ROMANCE_STREET, ROMANCE_GATE), (GERMANIC_STREET, GERMANIC_HINT), (PO_BOX, PO_BOX_GATE))
+    for pattern in (NUMBER_FIRST, *(pattern for pattern, gate in gated if gate.search(low))):
         for m in pattern.finditer(text):
             found.append((_lead(text, m.start()), _extend(text, m.end())))
     yield from found
-    low = text.lower()
     if not any(w in low for w in ADDRESS_WORDS):
         return
     for m in ADDRESS_CUE.finditer(text):

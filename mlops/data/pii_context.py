@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+from mlops.data.pii_structured import folded
+
 Span = tuple[int, int]
 TRAILING = ".,;:!?)]}\"'`”’»"
 PLACEHOLDER = re.compile(r"\[[A-Z_]+\]")
@@ -44,7 +46,7 @@ PASSWORD_WORDS = ("pass", "pwd", "pw", "pin", "kennwort", "contrase", "senha", "
 
 
 def find_password(text: str) -> Iterator[Span]:
-    low = text.lower()
+    low = folded(text)
     if not any(w in low for w in PASSWORD_WORDS):
         return
     for m in (*PASSWORD_RE.finditer(text), *BARE_PASSWORD_RE.finditer(text)):
@@ -139,13 +141,15 @@ def _name_span(text: str, start: int, strong: bool) -> Span | None:
 STRONG_WORDS = ("name", "call", "appelle", "nom ", "hei", "llamo", "nombre", "chiamo", "nome", "зовут", "naam", "holder")
 CUES = (("strong", STRONG_NAME_CUE), ("greeting", GREETING_CUE), ("intro", INTRO_CUE), ("honorific", HONORIFIC_CUE),
         ("signoff", SIGNOFF_CUE))
+# The case-insensitive cues as gates on pii_structured.folded(text): their words are all written in lower case.
+CUE_GATES = {kind: re.compile(cue.pattern) for kind, cue in CUES if cue.flags & re.IGNORECASE}
 
 
 def find_name(text: str) -> Iterator[Span]:
-    low = text.lower()
+    low = folded(text)
     strong_words = any(w in low for w in STRONG_WORDS)
     for kind, cue in CUES:
-        if kind == "strong" and not strong_words:
+        if (kind == "strong" and not strong_words) or (kind in CUE_GATES and not CUE_GATES[kind].search(low)):
             continue
         for m in cue.finditer(text):
             yield from _cued_name(text, m, kind)
@@ -185,7 +189,7 @@ DOB_WORDS = ("birth", "born", "dob", "d.o.b", "d. o. b", "geb", "naissance", "n�
 
 
 def find_date_of_birth(text: str) -> Iterator[Span]:
-    low = text.lower()
+    low = folded(text)
     if not any(w in low for w in DOB_WORDS):
         return
     yield from (m.span("date") for m in DOB_RE.finditer(text))

@@ -15,6 +15,8 @@ import functools
 import re
 from collections.abc import Iterator
 
+from mlops.data.pii_structured import folded
+
 Span = tuple[int, int]
 
 _LOCAL = r"[\w!#$%&'*+/=?^`{|}~-]+(?:\.[\w!#$%&'*+/=?^`{|}~-]+)*"
@@ -39,7 +41,8 @@ DOT_SPLIT = re.compile(_DOT, re.IGNORECASE)
 MAIL_CUE = re.compile(r"\b(?:e-?mail\w*|mail\w*|inbox|write|wrote|contact\w*|reach\w*|cc|bcc|drop\s+a\s+line|"
                       r"courriel|correo|escr[ií]b\w*|schreib\w*|kontakt\w*|adresse|address)\b", re.IGNORECASE)
 WORD_DOT_SPLIT = re.compile(rf"{_WORD_DOT}|\.", re.IGNORECASE)
-CUE_WORDS = ("at", "@")
+# Every form of _AT, matched case-sensitively on pii_structured.folded(text): a gate for the obfuscated forms.
+AT_GATE = re.compile(rf"@|{_OPEN}[ \t]*at[ \t]*{_CLOSE}|[ \t]-?at-?[ \t]")
 
 GENERIC_TLDS = frozenset("""
 com org net edu gov mil int info biz name pro mobi asia tel travel jobs museum aero coop io ai app dev tech xyz
@@ -95,8 +98,7 @@ def _obfuscated_ok(m: re.Match[str]) -> bool:
 def find_email(text: str) -> Iterator[Span]:
     if "@" in text:
         yield from (m.span() for m in EMAIL_RE.finditer(text))
-    low = text.lower()
-    if "at" not in low and "@" not in low:
+    if not AT_GATE.search(folded(text)):
         return
     pos = 0
     while (m := OBFUSCATED_EMAIL_RE.search(text, pos)) is not None:

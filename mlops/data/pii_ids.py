@@ -13,34 +13,41 @@ import re
 from collections import Counter
 from collections.abc import Iterator
 
-from mlops.data.pii_structured import SIX_DIGITS, Span, before, labelled_reference
+from mlops.data.pii_structured import SIX_DIGITS, Span, before, folded, labelled_reference
 
 # --------------------------------------------------------------------------- national ids
 
-SSN_RE = re.compile(r"(?<![\w-])(\d{3})([- \u00a0])(\d{2})\2(\d{4})(?![\w]|-\d)")
-BARE9_RE = re.compile(r"(?<![\w-])\d{9}(?![\w]|-\d)")
+# A pattern that opens with a digit (a letter set) scans from one to the next; one that opens with a lookbehind
+# tries every position. So "(?<![\w-])\d" is written "\d(?<![\w-]\d)": the same matches, several times faster.
+SSN_RE = re.compile(r"(\d(?<![\w-]\d)\d{2})([- \u00a0])(\d{2})\2(\d{4})(?![\w]|-\d)")
+BARE9_RE = re.compile(r"\d(?<![\w-]\d)\d{8}(?![\w]|-\d)")
 SSN_CUE = re.compile(r"\b(?:ssn|ss#|ss no|social security|social sec|social-security|itin|tin|tax id|"
                      r"taxpayer id|sin|social insurance)\b", re.IGNORECASE)
 # HMRC's own examples (QQ 12 34 56 A) break the prefix rules below; after a cue any two letters will do.
 NINO_CUE_RE = re.compile(r"\b(?:nino|ni\s+(?:no\.?|number)|national\s+insurance(?:\s+(?:no\.?|number))?)\s*(?:is|:|#)?\s*"
                          r"(?P<value>[A-Z]{2} ?\d{2} ?\d{2} ?\d{2} ?[A-D])\b", re.IGNORECASE)
+NINO_DIGITS = re.compile(r"\d\d ?\d\d ?\d\d ?[A-D]")  # a gate for UK_NINO_RE
 UK_NINO_RE = re.compile(r"\b(?!BG|GB|NK|KN|TN|NT|ZZ)[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z] ?\d{2} ?\d{2} ?\d{2} ?[A-D]\b")
+ID_CUES = (r"passport|driver'?s?\s+licen[cs]e|driving\s+licen[cs]e|licen[cs]e\s+(?:number|no\.?)|national\s+id|"
+           r"national\s+insurance|id\s+card|identity\s+card|identity\s+number|id\s+number|personal\s+id|ssn|"
+           r"social\s+security|social\s+insurance|sin|aadhaa?r|pan|dni|nie|nif|bsn|cpf|steuer-?id|tax\s+id|tin|"
+           r"personalausweis|insee|nir|codice\s+fiscale|personnummer|pesel|curp|身份证")
+# Gates on pii_structured.folded(text): a cue needs its word, the cued NINO its cue.
+ID_CUE_GATE = re.compile(rf"\b(?:{ID_CUES})")
+NINO_CUE_GATE = re.compile(r"\b(?:nino|ni\s+n|national\s+insurance)")
 ID_CUE_VALUE = re.compile(
-    r"\b(?:passport|driver'?s?\s+licen[cs]e|driving\s+licen[cs]e|licen[cs]e\s+(?:number|no\.?)|national\s+id|"
-    r"national\s+insurance|id\s+card|identity\s+card|identity\s+number|id\s+number|personal\s+id|ssn|"
-    r"social\s+security|social\s+insurance|sin|aadhaa?r|pan|dni|nie|nif|bsn|cpf|steuer-?id|tax\s+id|tin|"
-    r"personalausweis|insee|nir|codice\s+fiscale|personnummer|pesel|curp|身份证)"
+    rf"\b(?:{ID_CUES})"
     r"(?:\s*(?:number|num|no\.?|nr\.?|#|code))?\s*(?:is|was|:|=|-)?\s*(?:is\s+|:\s*)?"
     r"(?P<value>[A-Z]{0,3}\d[\d \-]{3,20}\d[A-Z]?|[A-Z]{1,3}\d{5,12}[A-Z]?|\d{5,12}[A-Z]{1,2})(?![\w-])",
     re.IGNORECASE,
 )
 CHECKSUMMED = (
-    (re.compile(r"(?<![\w-])\d{17}[\dXx](?![\w-])"), "stdnum.cn.ric"),  # China resident id
-    (re.compile(r"(?<![\w-])\d{3}\.\d{3}\.\d{3}-\d{2}(?![\w-])"), "stdnum.br.cpf"),  # Brazil CPF
-    (re.compile(r"(?<![\w-])\d{8}-?[A-Z](?![\w-])"), "stdnum.es.dni"),  # Spain DNI
-    (re.compile(r"(?<![\w-])[XYZ]-?\d{7}-?[A-Z](?![\w-])"), "stdnum.es.nie"),  # Spain NIE
-    (re.compile(r"(?<![\w-])[A-Z]{3}[ABCFGHLJPT][A-Z]\d{4}[A-Z](?![\w-])"), "stdnum.in_.pan"),  # India PAN
-    (re.compile(r"(?<![\w-])[12]\s?\d{2}\s?\d{2}\s?(?:\d{2}|2[AB])\s?\d{3}\s?\d{3}\s?\d{2}(?![\w-])"),
+    (re.compile(r"\d(?<![\w-]\d)\d{16}[\dXx](?![\w-])"), "stdnum.cn.ric"),  # China resident id
+    (re.compile(r"\d(?<![\w-]\d)\d{2}\.\d{3}\.\d{3}-\d{2}(?![\w-])"), "stdnum.br.cpf"),  # Brazil CPF
+    (re.compile(r"\d(?<![\w-]\d)\d{7}-?[A-Z](?![\w-])"), "stdnum.es.dni"),  # Spain DNI
+    (re.compile(r"[XYZ](?<![\w-][XYZ])-?\d{7}-?[A-Z](?![\w-])"), "stdnum.es.nie"),  # Spain NIE
+    (re.compile(r"[A-Z](?<![\w-][A-Z])[A-Z]{2}[ABCFGHLJPT][A-Z]\d{4}[A-Z](?![\w-])"), "stdnum.in_.pan"),  # India PAN
+    (re.compile(r"[12](?<![\w-][12])\s?\d{2}\s?\d{2}\s?(?:\d{2}|2[AB])\s?\d{3}\s?\d{3}\s?\d{2}(?![\w-])"),
      "stdnum.fr.nir"),  # France INSEE / NIR
 )
 
@@ -66,9 +73,12 @@ def find_national_id(text: str) -> Iterator[Span]:
         d = m.group(0)
         if SSN_CUE.search(before(text, m.start(), 40)) and _ssn_parts_ok(d[:3], d[3:5], d[5:]):
             yield m.span()
-    yield from (m.span() for m in UK_NINO_RE.finditer(text))
-    yield from (m.span("value") for m in NINO_CUE_RE.finditer(text))
-    for m in ID_CUE_VALUE.finditer(text):
+    if NINO_DIGITS.search(text):
+        yield from (m.span() for m in UK_NINO_RE.finditer(text))
+    low = folded(text)
+    if NINO_CUE_GATE.search(low):
+        yield from (m.span("value") for m in NINO_CUE_RE.finditer(text))
+    for m in ID_CUE_VALUE.finditer(text) if ID_CUE_GATE.search(low) else ():
         value = m.group("value").strip()
         # "customer id number 1234567" is a reference, not an identity document.
         if sum(c.isdigit() for c in value) >= 5 and not REF_WORD.search(before(text, m.start(), 24)):

@@ -40,6 +40,27 @@ VERSION_CUE = re.compile(
 
 SIX_DIGITS = re.compile(r"\d(?:[^\d\n]{0,3}\d){5}")  # phones, cards and ids all have six digits or more
 
+# How re.IGNORECASE compares letters: by their simple lower case ("İ" is "i" to it, though str.lower() makes two
+# characters of it), and the letters of each pair below as one (re._casefix; "ſ" is "s", "ı" is "i"; all but the
+# combining iota, which is no word character, unlike the iota it equals).
+_DOTTED_I = str.maketrans({"İ": "i"})
+_RE_CASE_PAIRS = str.maketrans({
+    "\u00b5": "\u03bc", "\u0131": "i", "\u017f": "s", "\u03c2": "\u03c3", "\u03d0": "\u03b2",
+    "\u03d1": "\u03b8", "\u03d5": "\u03c6", "\u03d6": "\u03c0", "\u03f0": "\u03ba", "\u03f1": "\u03c1", "\u03f5": "\u03b5",
+    "\u1c80": "\u0432", "\u1c81": "\u0434", "\u1c82": "\u043e", "\u1c83": "\u0441", "\u1c84": "\u0442", "\u1c85": "\u0442",
+    "\u1c86": "\u044a", "\u1c87": "\u0463", "\u1c88": "\ua64b", "\u1e9b": "\u1e61", "\u1fbe": "\u03b9", "\u1fd3": "\u0390",
+    "\u1fe3": "\u03b0", "\ufb06": "\ufb05",
+})
+
+
+@functools.lru_cache(maxsize=8)
+def folded(text: str) -> str:
+    """`text` lower-cased as re.IGNORECASE compares letters, offset for offset and with the same word, space and
+    digit characters. A case-insensitive pattern runs at every position of a text and costs ten times a
+    case-sensitive one, so a detector first looks for its cue words in this (a case-sensitive gate) and runs
+    its patterns only where one is present: a gate that finds nothing proves they cannot match."""
+    return text.translate(_DOTTED_I).lower().translate(_RE_CASE_PAIRS)
+
 
 def before(text: str, start: int, width: int = 48) -> str:
     return text[max(0, start - width) : start]
@@ -76,6 +97,9 @@ def glued(text: str, start: int, end: int) -> bool:
 PHONE_RUN = re.compile(
     r"(?:\+|\b00)?[ \u00a0]?\(?\d[\d \u00a0().\-/]{4,24}\d(?:[ \u00a0]?(?:x|ext\.?|extension)[ \u00a0]?\d{1,5})?"
 )
+# Gates: a phone number has seven digits joined by the run's separators (phone_ok), a card four digits and four more.
+PHONE_DIGITS = re.compile(r"\d(?:[ \u00a0().\-/]*\d){6}")
+CARD_DIGITS = re.compile(r"\d{4}[ .\-\u00a0]?\d{4}")
 PHONE_CUE = re.compile(
     r"\b(?:phone|telephone|tel|mobile|cell|cellphone|handy|whats ?app|signal|fax|sms|text me|call|calling|ring|"
     r"dial|landline|hotline|helpline|reach me|contact me|contact number|number to reach|téléphone|portable|"
@@ -152,7 +176,7 @@ def phone_ok(text: str, start: int, end: int) -> bool:
 
 
 def find_phone(text: str) -> Iterator[Span]:
-    if not SIX_DIGITS.search(text):
+    if not PHONE_DIGITS.search(text):
         return
     for m in PHONE_RUN.finditer(text):
         start, end = m.span()
@@ -196,7 +220,7 @@ def issuer_ok(digits: str) -> bool:
 
 
 def find_card(text: str) -> Iterator[Span]:
-    if not SIX_DIGITS.search(text):
+    if not CARD_DIGITS.search(text):
         return
     for m in CARD_RUN.finditer(text):
         start, end = m.span()
