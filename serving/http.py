@@ -52,10 +52,10 @@ class ServingMiddleware:
         state = scope.setdefault("state", {})
         capture: dict = {}  # what a generation handler saw and answered, for the request log and the shadow
         state["request_id"], state["access"], state["started"], state["capture"] = rid, record, started, capture
-        serving, leased_from, started_response, body = None, None, False, None
+        serving, leased_from, started_response, body, logged = None, None, False, None, False
 
         async def send_with_ids(message) -> None:
-            nonlocal started_response
+            nonlocal started_response, logged
             if message["type"] == "http.response.start":
                 started_response = True
                 record["status"] = message["status"]
@@ -63,6 +63,13 @@ class ServingMiddleware:
                 if serving is not None:
                     extra.append((MODEL_VERSION.lower().encode(), serving.version.encode("latin-1", "replace")))
                 message = {**message, "headers": [*message.get("headers", []), *extra]}
+            elif (message["type"] == "http.response.body" and not message.get("more_body") and not logged
+                  and serving is not None and path in GENERATION_ROUTES):
+                # Queued before the answer's last byte leaves: a client holding the answer may at once send
+                # anything keyed on its request id (feedback) and must find it queued or written.
+                logged = True
+                record["latency_ms"] = now_ms(started)
+                self._after_answer(record, serving, capture, body)
             await send(message)
 
         ctx.metrics.inflight.inc()
@@ -121,7 +128,7 @@ class ServingMiddleware:
             ctx.metrics.observe(record)
             if ctx.config.access_log:
                 log_access(record)
-            if serving is not None and path in GENERATION_ROUTES:
+            if serving is not None and path in GENERATION_ROUTES and not logged:  # cut short: no last byte sent
                 self._after_answer(record, serving, capture, body)
 
     def _after_answer(self, record: dict, serving, capture: dict, body) -> None:

@@ -60,6 +60,28 @@ def test_feedback_right_after_an_answer_is_taken_at_once_and_stored_behind_its_t
     assert len(read_feedback(request_ids=[rid])) == 2
 
 
+def test_an_answer_is_in_the_request_log_before_its_client_has_it_whatever_the_server_does_after(served, monkeypatch):
+    """The row is queued before the answer's last byte is sent, so feedback sent the moment the answer arrives
+    finds it; work the server does after sending (metrics here, held up) cannot reorder the two."""
+    import threading
+    import time
+
+    import mlops.requestlog as requestlog
+    from serving.metrics import ServerMetrics
+
+    client, headers, writer = served
+    store_free, real = threading.Event(), requestlog.write_requests
+    monkeypatch.setattr(requestlog, "write_requests", lambda rows, url=None: store_free.wait(60) and real(rows, url))
+    observe = ServerMetrics.observe
+    monkeypatch.setattr(ServerMetrics, "observe", lambda self, record: (time.sleep(1.0), observe(self, record)))
+    rid = _answer(client, headers)
+    assert writer.known(rid), "the answer reached its client before its log row was queued"
+    sent = client.post("/v1/feedback", headers=headers, json={"request_id": rid, "rating": 1})
+    assert sent.status_code == 200 and sent.json()["status"] == "queued", sent.text
+    store_free.set()
+    assert writer.flush(30) and writer.feedback_counts["written_behind"] == 1
+
+
 def test_feedback_behind_an_answer_whose_trace_is_lost_is_counted_lost(served, monkeypatch):
     import threading
 
