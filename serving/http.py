@@ -54,8 +54,16 @@ class ServingMiddleware:
         state["request_id"], state["access"], state["started"], state["capture"] = rid, record, started, capture
         serving, leased_from, started_response, body, logged = None, None, False, None, False
 
+        def log_answer() -> None:
+            """Once per answered generation request: as its last byte leaves, or at the end when it was cut short."""
+            nonlocal logged
+            if not logged and serving is not None and path in GENERATION_ROUTES:
+                logged = True
+                record["latency_ms"] = now_ms(started)
+                self._after_answer(record, serving, capture, body)
+
         async def send_with_ids(message) -> None:
-            nonlocal started_response, logged
+            nonlocal started_response
             if message["type"] == "http.response.start":
                 started_response = True
                 record["status"] = message["status"]
@@ -63,13 +71,10 @@ class ServingMiddleware:
                 if serving is not None:
                     extra.append((MODEL_VERSION.lower().encode(), serving.version.encode("latin-1", "replace")))
                 message = {**message, "headers": [*message.get("headers", []), *extra]}
-            elif (message["type"] == "http.response.body" and not message.get("more_body") and not logged
-                  and serving is not None and path in GENERATION_ROUTES):
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
                 # Queued before the answer's last byte leaves: a client holding the answer may at once send
                 # anything keyed on its request id (feedback) and must find it queued or written.
-                logged = True
-                record["latency_ms"] = now_ms(started)
-                self._after_answer(record, serving, capture, body)
+                log_answer()
             await send(message)
 
         ctx.metrics.inflight.inc()
@@ -128,8 +133,7 @@ class ServingMiddleware:
             ctx.metrics.observe(record)
             if ctx.config.access_log:
                 log_access(record)
-            if serving is not None and path in GENERATION_ROUTES and not logged:  # cut short: no last byte sent
-                self._after_answer(record, serving, capture, body)
+            log_answer()
 
     def _after_answer(self, record: dict, serving, capture: dict, body) -> None:
         """Queue the request log row and offer the request to the shadow; both return at once."""

@@ -4,6 +4,7 @@ when it is written again."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -24,10 +25,9 @@ def _half_write(row) -> None:
     client.start_trace(_trace(row, experiment_id)[0])
 
 
-def _as_if_spooled_by_another_process(path):
-    import os
-
-    return path.rename(path.with_name(path.name.replace(f"-{os.getpid()}.", f"-{os.getpid() + 1}.")))
+def _as_if_spooled_by(path, pid: int | str):
+    """The spool file renamed as if another process (this test's next "server", or a dead one) had written it."""
+    return path.rename(path.with_name(path.name.replace(f"-{os.getpid()}.", f"-{pid}.")))
 
 
 def test_a_half_written_trace_is_hidden_from_readers_and_completed_when_its_row_is_written_again(traced_home):
@@ -101,7 +101,7 @@ def test_rows_unwritten_at_the_drain_deadline_are_spooled_scrubbed_and_written_b
     assert writer.counts["spooled"] == 3
     [spooled] = list(spool_dir(None).iterdir())
     assert "r1@x.org" not in spooled.read_text() and "[EMAIL]" in spooled.read_text()
-    _as_if_spooled_by_another_process(spooled)  # the next server is this test's process too
+    _as_if_spooled_by(spooled, os.getpid() + 1)  # the next server is this test's process too
 
     monkeypatch.setattr(requestlog, "write_requests", real_write)
     restarted = RequestLogWriter(flush_seconds=0.01, retention_days=None, batch_rows=2).start()
@@ -114,7 +114,6 @@ def test_rows_unwritten_at_the_drain_deadline_are_spooled_scrubbed_and_written_b
 
 
 def test_a_spool_file_is_taken_by_one_server_never_by_the_one_writing_it_and_back_from_a_dead_claim(traced_home):
-    import os
     import subprocess
     import sys
 
@@ -124,7 +123,7 @@ def test_a_spool_file_is_taken_by_one_server_never_by_the_one_writing_it_and_bac
     dead_pid = dead.stdout.strip()
     own = spool([_row("s0")], [], None)
     assert claim(None) == []  # spooled by this server as it stops: not its own next batch
-    other = own.rename(own.with_name(own.name.replace(f"-{os.getpid()}.", f"-{dead_pid}.")))  # another server's
+    other = _as_if_spooled_by(own, dead_pid)  # another server's
     [mine] = claim(None)
     assert mine.name == f"{other.name}{CLAIMED}{os.getpid()}"
     assert claim(None) == []  # held by a live server (this one): a second server starting now leaves it

@@ -92,6 +92,9 @@ ADDRESS_CUE = re.compile(
 CLAUSE_END = re.compile(r"(?<!\b[A-Z][a-z])(?<!\bSt)(?<!\bAve)(?<!\bRd)(?<!\bApt)[.!?](?:\s|$)|\n| but | and I | so ")
 
 
+GATED_STREETS = ((ROMANCE_STREET, ROMANCE_GATE), (GERMANIC_STREET, GERMANIC_HINT), (PO_BOX, PO_BOX_GATE))
+
+
 def _extend(text: str, end: int, segments: int = 6) -> int:
     """Grow a street's end over its units, postcode, city and state, in whatever order they are written."""
     if text[end - 1] == "." and not text.startswith(",", end):
@@ -117,8 +120,7 @@ def find_address(text: str) -> Iterator[Span]:
         return
     found: list[Span] = []
     low = folded(text)
-    gated = ((ROMANCE_STREET, ROMANCE_GATE), (GERMANIC_STREET, GERMANIC_HINT), (PO_BOX, PO_BOX_GATE))
-    for pattern in (NUMBER_FIRST, *(pattern for pattern, gate in gated if gate.search(low))):
+    for pattern in (NUMBER_FIRST, *(pattern for pattern, gate in GATED_STREETS if gate.search(low))):
         for m in pattern.finditer(text):
             found.append((_lead(text, m.start()), _extend(text, m.end())))
     yield from found
