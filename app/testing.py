@@ -49,14 +49,16 @@ def _sample(task, index: int, item: dict, correct: bool) -> dict:
 
 
 def eval_run(model: str, version: str, *, improve: float = 0.0, regress: float = 0.0, offending: tuple = (),
-             suites: str = "general,business", limit: int = LIMIT, experiment: str = EXPERIMENT) -> str:
-    """An eval run of a version as `mlops eval` stores it; returns its run id."""
+             suites: str = "general,business", limit: int = LIMIT, experiment: str = EXPERIMENT,
+             attester: str | None = "alice") -> str:
+    """An eval run of a version as `mlops eval` stores it, attested by `attester`; returns its run id."""
     import json
 
     from evaluation.results import Score, summary
     from evaluation.suites import get_suites
     from mlops.model_refs import describe, set_version_tags
     from mlops.tracking import MlflowTracker
+    from registry.testing import attest_eval_run
 
     desc = describe(f"models:/{model}/{version}")
     suite_objs = get_suites(suites)
@@ -87,11 +89,12 @@ def eval_run(model: str, version: str, *, improve: float = 0.0, regress: float =
     tracker.log_dict(contamination, "eval/contamination.json")
     tracker.close()
     set_version_tags(desc, {Tag.EVAL_RUN: tracker.run_id})
+    attest_eval_run(model, version, tracker.run_id, contamination, attester)  # as `mlops eval` signed in signs it
     return tracker.run_id
 
 
 def gate_run(model: str, version: str, eval_run_id: str, *, champion: tuple[str, str] | None = None,
-             experiment: str = EXPERIMENT) -> str:
+             experiment: str = EXPERIMENT, attester: str | None = "alice") -> str:
     """A gate run as `mlops gate` stores it: the real comparison of the two stored summaries. `champion` is
     (version, its eval run id). Returns the gate run id."""
     from evaluation.config import GateConfig
@@ -99,6 +102,7 @@ def gate_run(model: str, version: str, eval_run_id: str, *, champion: tuple[str,
     from mlops.model_refs import describe, set_version_tags
     from mlops.run_store import load_run_json
     from mlops.tracking import MlflowTracker
+    from registry.testing import attest_gate_run
 
     mine = describe(f"models:/{model}/{version}")
     theirs = describe(f"models:/{model}/{champion[0]}") if champion else None
@@ -118,6 +122,7 @@ def gate_run(model: str, version: str, eval_run_id: str, *, champion: tuple[str,
         Tag.GATE_EVAL: result["result"]})
     tracker.log_dict(result, "gate/gate_report.json")
     tracker.close()
+    attest_gate_run(model, version, tracker.run_id, eval_run_id, result, attester)
     set_version_tags(mine, {Tag.GATE_EVAL: result["result"], Tag.GATE_RUN: tracker.run_id,
                             Tag.GATE_REASONS: "; ".join(result["reasons"])[:4000] or "all checks passed"})
     return tracker.run_id

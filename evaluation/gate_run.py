@@ -217,7 +217,27 @@ def run_gate(cfg, challenger_ref: str, champion_ref: str | None, *, history: lis
             Tag.GATE_EVAL: result, Tag.GATE_REASONS: "; ".join(report.reasons)[:4000] or "all checks passed",
             Tag.GATE_RUN: run.run_id,
         })
-        return GateOutcome(report, json_path, md_path, run.run_id)
+    attest_gate(challenger, json_path, run.run_id, mine.eval_run_id)
+    return GateOutcome(report, json_path, md_path, run.run_id)
+
+
+def attest_gate(challenger, json_path: Path, gate_run: str, eval_run: str) -> str | None:
+    """Whoever ran the gate signs its verdict about the challenger's registered files: the registry's eval gate
+    counts only a report that an identity the release policy names for gates attested."""
+    import json
+
+    from registry.attest_store import attest_version
+    from registry.entries import digest_of
+
+    report = json.loads(json_path.read_text())
+    champion = (report.get("settings") or {}).get("evidence", {}).get("champion") or {}
+    predicate = {"gate_run": gate_run, "eval_run": eval_run, "result": report.get("result"),
+                 "reasons": list(report.get("reasons") or [])[:50],
+                 "champion": {"ref": champion.get("ref"), "content_id": champion.get("content_id")},
+                 "report_sha256": digest_of(report)}
+    materials = {"challenger-eval": eval_run, **({"champion-eval": champion["eval_run_id"]}
+                                                 if champion.get("eval_run_id") else {})}
+    return attest_version("gate", challenger.name, challenger.version, predicate, materials=materials)
 
 
 def evidence_record(challenger, champion, mine: Evidence, theirs: Evidence | None, past: list[Evidence],

@@ -208,7 +208,22 @@ def run_eval(cfg, ref: str, *, suites: list[str] | str | None = None, profile_pa
             set_version_tags(model, contamination_tags(contamination))
         if not forced:  # a forced-profile eval is labelled, never recorded as the version's evidence
             set_version_tags(model, {Tag.EVAL_REFERENCE_RUN if reference else Tag.EVAL_RUN: run.run_id})
-        return EvalOutcome(run.run_id, model.key, scores, doc, wall, contamination)
+    if not forced:
+        attest_eval(model, run.run_id, doc, contamination, reference=reference)
+    return EvalOutcome(run.run_id, model.key, scores, doc, wall, contamination)
+
+
+def attest_eval(model, run_id: str, doc: dict, contamination: dict | None, *, reference: bool) -> str | None:
+    """Whoever ran the eval signs its scores and contamination report about the version's registered files."""
+    from registry.attest_store import attest_version
+    from registry.entries import digest_of
+
+    offending = [str(i.get("id")) for i in (contamination or {}).get("offending", [])]
+    predicate = {"eval_run": run_id, "model_key": model.key, "summary_sha256": digest_of(doc),
+                 "contamination": {"status": (contamination or {}).get("status", "not_run"), "offending": offending},
+                 "report_sha256": digest_of(contamination) if contamination is not None else None}
+    return attest_version("eval_reference" if reference else "eval", getattr(model, "name", None),
+                          getattr(model, "version", None), predicate)
 
 
 def contamination_tags(report: dict) -> dict[str, str]:

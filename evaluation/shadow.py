@@ -12,6 +12,8 @@ answered) is the number of shadowed requests that count as evidence.
 
 from __future__ import annotations
 
+import json
+
 import re
 import statistics
 import time
@@ -139,7 +141,20 @@ def log_shadow_report(report: dict, experiment: str = "shadow") -> str:
     with tracked_run(experiment, run_name=f"shadow {ref}", attach_env_run=False,
                      tags={Tag.STAGE: "shadow", Tag.MODEL_REF: ref}) as run:
         run.log_dict(report, REPORT_PATH)
+    attest_shadow_report(report, run.run_id)
     return run.run_id
+
+
+def attest_shadow_report(report: dict, run_id: str) -> str | None:
+    """Whoever stored the report signs it: the shadow gate counts only a report a permitted identity attested."""
+    from registry.attest_store import attest_version
+    from registry.entries import digest_of
+
+    predicate = {"shadow_run": run_id, "shadowed": int(report.get("shadowed") or 0),
+                 "errors": int((report.get("errors") or {}).get("shadow") or 0),
+                 "agreement": json.loads(json.dumps(report.get("agreement") or {}, default=str)),
+                 "report_sha256": digest_of(json.loads(json.dumps(report, default=str)))}
+    return attest_version("shadow", report.get("model"), report.get("version"), predicate)
 
 
 def _rate(n: int, total: int) -> float | None:

@@ -32,6 +32,19 @@ class NotFoundError(MLOpsError):
     """A named thing (model, snapshot, suite, ...) does not exist."""
 
 
+class AlreadyInForce(MLOpsError):
+    """The act asked for is already in force (the version already holds the alias); nothing was written.
+
+    Its own exit status, so a script tells "someone did it before" (4) from "done now" (0) and "refused" (2).
+    `facts` (model, version, alias, ...) go into the `--json` answer."""
+
+    exit_code = 4
+
+    def __init__(self, message: str, **facts: str | None) -> None:
+        super().__init__(message)
+        self.facts = facts
+
+
 def did_you_mean(name: str, available: Iterable[str]) -> str:
     """'did you mean X? available: a, b, c' for an unknown name."""
     options = sorted(available)

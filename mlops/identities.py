@@ -12,18 +12,21 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from mlops.errors import MLOpsError, did_you_mean
 
 USER_ENV = "MLOPS_USER"
 PASSWORD_ENV = "MLOPS_PASSWORD"
-ROLES = ("viewer", "trainer", "approver", "admin")
+# service: a CI or evaluation identity an admin registers: it runs steps and attests their evidence, nothing more.
+ROLES = ("viewer", "service", "trainer", "approver", "admin")
 NAME_RE = re.compile(r"^[a-z][a-z0-9_.-]{1,39}$")
 
 # What each role may do. One table: the CLI, the app and the registry all ask `can(...)`.
 PERMISSIONS: dict[str, frozenset[str]] = {
     "viewer": frozenset({"read"}),
+    "service": frozenset({"read", "train"}),
     "trainer": frozenset({"read", "train", "register", "request"}),
     "approver": frozenset({"read", "request", "approve", "promote", "rollback", "spot_check"}),
     "admin": frozenset({"read", "train", "register", "request", "approve", "promote", "rollback", "override",
@@ -59,9 +62,59 @@ def check_role(role: str) -> None:
         raise MLOpsError(f"role '{role}' does not exist: {did_you_mean(role, ROLES)}. Fix: pass one of those.")
 
 
-def check_password(password: str) -> None:
-    if not password or len(password) < 8:
-        raise MLOpsError("the password is shorter than 8 characters. Fix: choose a longer one.")
+PASSPHRASE_MIN = 12
+PASSPHRASE_LONG = 20  # this long, length alone makes it strong, whatever characters it uses
+PASSPHRASE_CLASSES = 3  # else: of lower case, upper case, digits and symbols, at least this many
+# Neighbouring characters: the alphabet, the digits and the keyboard's rows (a step along one is a "run").
+_SEQUENCES = ("abcdefghijklmnopqrstuvwxyz", "01234567890", "qwertyuiop", "asdfghjkl", "zxcvbnm")
+_NEIGHBOURS = frozenset(pair for seq in _SEQUENCES for a, b in pairwise(seq) for pair in ((a, b), (b, a)))
+_FIX = (f"Fix: choose a passphrase of {PASSPHRASE_MIN}+ characters mixing {PASSPHRASE_CLASSES} of lower case, "
+        f"upper case, digits and symbols (or {PASSPHRASE_LONG}+ characters of any kind), without your user name, "
+        "e.g. three unrelated words joined by '-' with a number.")
+
+
+def check_password(password: str, name: str | None = None) -> None:
+    """Refuse a weak key passphrase, naming the rule it breaks and the fix. The message never quotes it: it ends
+    up in terminals and logs. `name`: the user whose key it seals, when known."""
+    problem = _passphrase_problem(password or "", name)
+    if problem:
+        raise MLOpsError(f"the passphrase {problem}. {_FIX}")
+
+
+def _passphrase_problem(password: str, name: str | None) -> str | None:
+    if len(password) < PASSPHRASE_MIN:
+        return f"is shorter than {PASSPHRASE_MIN} characters"
+    # A name of two letters turns up inside ordinary words; from three on it is a guesser's first try.
+    if name and len(name) >= 3 and name.lower() in password.lower():
+        return f"contains the user name '{name}'"
+    if _repeats_a_short_pattern(password):
+        return "is one character or a short pattern repeated (like aaaa or abab)"
+    if _longest_run(password.lower()) * 2 > len(password):
+        return "is mostly a simple run (like abcd, 4321 or qwerty)"
+    classes = _character_classes(password)
+    if classes < PASSPHRASE_CLASSES and len(password) < PASSPHRASE_LONG:
+        return (f"mixes only {classes} of the 4 kinds of character (lower case, upper case, digits, symbols) and "
+                f"is shorter than {PASSPHRASE_LONG} characters")
+    return None
+
+
+def _repeats_a_short_pattern(text: str) -> bool:
+    """`text` is its first few characters (at most a third of it) over and over."""
+    return any((text[:size] * (len(text) // size + 1))[:len(text)] == text for size in range(1, len(text) // 3 + 1))
+
+
+def _longest_run(text: str) -> int:
+    """The most characters in a row that step through a sequence (or repeat one character)."""
+    longest = current = 1
+    for a, b in pairwise(text):
+        current = current + 1 if a == b or (a, b) in _NEIGHBOURS else 1
+        longest = max(longest, current)
+    return longest
+
+
+def _character_classes(text: str) -> int:
+    return sum((any(c.islower() for c in text), any(c.isupper() for c in text), any(c.isdigit() for c in text),
+                any(not c.isalnum() for c in text)))
 
 
 def authenticate(name: str | None, password: str | None) -> Identity:

@@ -233,3 +233,12 @@ def enforce_release(lineage: Lineage, release: bool) -> None:
             "release mode (run.release=true) refuses to start: " + "; and ".join(problems) + ". "
             "Fix those, or run with run.release=false for an experiment."
         )
+
+
+# What a registered version must be traceable to: the registry's lineage gate, and the replay that re-derives it.
+REQUIRED_LINEAGE = (Tag.CONFIG_HASH, Tag.SNAPSHOT_ID, Tag.DATA_RUN, Tag.IMAGE_TAG, Tag.GIT_COMMIT, Tag.CODE_VERSION,
+                    Tag.BASE_MODEL_ID, Tag.SEED, Tag.CHECKPOINT_MANIFEST, Tag.MODEL_ID, Tag.PROFILE_HASH)
+
+
+def missing_lineage(tags: dict[str, str]) -> list[str]:
+    return [str(t) for t in REQUIRED_LINEAGE if not str(tags.get(t, "")).strip()]

@@ -32,10 +32,22 @@ CONTENT_ID_PREFIX = "mc-"
 def model_content_id(hf_dir: Path | str) -> str:
     """Content id of an HF folder: weights, config, tokenizer and chat template; not the deployment profile,
     which is hashed on its own (a version is the pair)."""
-    from mlops.files import folder_hash
+    from mlops.files import file_manifest
+
+    return content_id_of_files(file_manifest(hf_dir))
+
+
+def content_id_of_files(files: dict[str, str]) -> str:
+    """The content id of a folder from its file manifest (relative path -> sha256): so a verifier derives it
+    from the file list a registration signs, without a byte of the files."""
+    import hashlib
+    import json
+
     from mlops.profile import PROFILE_FILE
 
-    return CONTENT_ID_PREFIX + folder_hash(hf_dir, exclude={PROFILE_FILE})[:20]
+    kept = {path: sha for path, sha in files.items() if path.rsplit("/", 1)[-1] != PROFILE_FILE}
+    text = json.dumps(kept, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return CONTENT_ID_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
 class _TagView:

@@ -1,7 +1,9 @@
 """Layer 6 (the command line, on top): `mlops registry ...`: identities, registration, approvals, promotion, rollback, the ledger.
 
 Acting commands read the identity from MLOPS_USER and MLOPS_PASSWORD. Every command exits non-zero on refusal
-(2 refused, 3 authentication or role), and `--json` prints machine-readable output.
+(2 refused, 3 authentication or role), and `--json` prints machine-readable output. A promote or rollback that is
+already in force (the version already holds the alias) writes nothing, says so in one line ({"in_force": true,
+...} with --json) and exits 4, so a script tells it from an act done now (0) and a refusal (2).
 """
 
 from __future__ import annotations
@@ -151,7 +153,7 @@ def key_new(name: str, out: str = typer.Option(..., "--out", help="where to writ
     passphrase = _new_password()
     from mlops.identities import check_password
 
-    check_password(passphrase)
+    check_password(passphrase, name=name)
     path = write_key_file(Path(out), signer, registry_id, passphrase)
     _out({"name": name, "public_key": signer.public_key, "fingerprint": signer.fingerprint, "key_file": str(path)},
          as_json, f"key file {path}\npublic key: {signer.public_key}\nfingerprint: {signer.fingerprint}")
@@ -182,6 +184,21 @@ def trust_pin(fingerprint: str, as_json: bool = JsonOpt) -> None:
     pin_root(registry_id, fingerprint.strip())
     _out({"registry_id": registry_id, "trust_root": fingerprint.strip()}, as_json,
          f"pinned {fingerprint.strip()} for registry {registry_id}")
+
+
+@app.command("timestamp")
+def timestamp(as_json: bool = JsonOpt) -> None:
+    """Verify the ledger, then sign a timestamp over its head as MLOPS_USER (a role registry.freshness.signer_roles
+    names; admin by default), valid for registry.freshness.hours. Run it from cron well within that: with it set,
+    every read and act refuses a ledger no unexpired timestamp vouches for. Not a ledger entry."""
+    from registry.freshness import signing, stamp
+
+    with signing():  # signing in reads the ledger too: an expired timestamp must not stop its renewal
+        actor = _actor(None)
+    done = stamp(actor)
+    note = "" if done["enforced"] else " (registry.freshness.hours is unset: not enforced yet)"
+    _out(done, as_json, f"timestamp over entry {done['head_seq']} ({done['head_hash'][:16]}...) signed by "
+                        f"{done['signer']}, valid until {done['expires']}{note}")
 
 
 @user_app.command("remove")
@@ -230,8 +247,12 @@ def policy_show(as_json: bool = JsonOpt) -> None:
 
 @app.command("register")
 def register(run_id: str = typer.Option(..., "--run", help="a finished training run"),
-             name: str = typer.Option(..., "--name", help="registered model name"), as_json: bool = JsonOpt) -> None:
-    """Register a training run's model as a new version (stage candidate); refuses incomplete lineage."""
+             name: str = typer.Option(..., "--name", help="registered model name"),
+             unattested_reason: str = typer.Option(
+                 None, "--unattested-reason", help="admin only: register a run nobody attested training (ledgered; "
+                 "four-eyes then excludes the admin)"), as_json: bool = JsonOpt) -> None:
+    """Register a training run's model as a new version (stage candidate); refuses incomplete lineage and a run
+    whose output no permitted trainer attested."""
     from mlops.lineage import Tag
     from mlops.tracking import tracked_run
     from registry.release import register as do
@@ -242,7 +263,7 @@ def register(run_id: str = typer.Option(..., "--run", help="a finished training 
     # The registration is a stage run too (under `mlflow run -e register` it is MLflow's own run).
     with tracked_run("mlops", run_name=f"register {name}", tags={Tag.STAGE: "register", Tag.ACTOR: actor.name,
                                                                   Tag.SOURCE_RUN: run_id}) as stage_run:
-        version = do(actor, run_id, name)
+        version = do(actor, run_id, name, unattested_reason=unattested_reason)
         stage_run.set_tags({Tag.MODEL_REF: f"models:/{name}/{version}"})
     _out({"model": name, "version": version, "stage": "candidate"}, as_json,
          f"registered run {run_id} as models:/{name}/{version} (stage candidate)")
@@ -282,14 +303,19 @@ def promote(model: str, version: str, to: str = typer.Option(..., "--to", help="
             expect_version: str | None = typer.Option(None, "--expect-version",
                                                       help="the version you saw holding the alias ('none' for none)"),
             as_json: bool = JsonOpt) -> None:
-    """Move a version into staging or production, compare-and-set on the alias."""
+    """Move a version into staging or production, compare-and-set on the alias (exit 4: already in force)."""
+    from mlops.errors import AlreadyInForce
     from registry.audit import model_state
     from registry.release import promote as do
 
     actor = _actor("promote")
     if expect_version is None:  # the CLI passes what it read: a change since then is refused
         expect_version = model_state(model).aliases.get(to) or "none"
-    entry = do(actor, model, version, to, expect_version=expect_version)
+    try:
+        entry = do(actor, model, version, to, expect_version=expect_version)
+    except AlreadyInForce as done:  # not an act of this command: never answer with the old entry as if new
+        _out({"in_force": True, **done.facts, "message": str(done)}, as_json, f"already in force: {done}")
+        raise typer.Exit(done.exit_code) from None
     _out(entry.as_dict(), as_json, _entry_text(entry))
 
 
@@ -297,13 +323,19 @@ def promote(model: str, version: str, to: str = typer.Option(..., "--to", help="
 def rollback(model: str, to_version: str | None = typer.Option(None, "--to", help="version to restore"),
              reason: str = typer.Option(..., "--reason", help="why (required; goes into the ledger)"),
              as_json: bool = JsonOpt) -> None:
-    """Move production back to the previous production version (or --to), after checking its artifacts."""
+    """Move production back to the previous production version (or --to), after checking its artifacts (exit 4:
+    --to names the version already in production)."""
+    from mlops.errors import AlreadyInForce
     from registry.audit import model_state
     from registry.release import rollback as do
 
     actor = _actor("rollback")
     expected = model_state(model).aliases.get("production") or "none"
-    entry = do(actor, model, reason, to_version=to_version, expect_version=expected)
+    try:
+        entry = do(actor, model, reason, to_version=to_version, expect_version=expected)
+    except AlreadyInForce as done:
+        _out({"in_force": True, **done.facts, "message": str(done)}, as_json, f"already in force: {done}")
+        raise typer.Exit(done.exit_code) from None
     _out(entry.as_dict(), as_json, _entry_text(entry))
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from mlops.config import StrictModel, added_option
 
@@ -77,6 +77,60 @@ class LoopPolicy(StrictModel):
     history_ratio: float = Field(0.3, gt=0, lt=1, description="history share of the next snapshot's train split")
 
 
+class FreshnessPolicy(StrictModel):
+    """How fresh the ledger a verifier reads must be (`registry.freshness`): `registry.freshness.hours` (what the
+    issue calls `registry.freshness_hours`). Set, every verified read and act needs a timestamp over a head the
+    ledger holds, signed by an identity of one of `signer_roles` within that many hours (`mlops registry
+    timestamp`, from cron, well within it); unset, nothing is enforced."""
+
+    hours: float | None = Field(None, gt=0, le=24 * 366, description="longest a signed timestamp vouches for the "
+                                "ledger (hours); unset: freshness not enforced")
+    signer_roles: list[str] = Field(["admin"], min_length=1, description="roles whose identities may sign the "
+                                    "timestamp (`mlops registry timestamp`)")
+
+    @field_validator("signer_roles")
+    @classmethod
+    def _known_roles(cls, roles: list[str]) -> list[str]:
+        from mlops.identities import ROLES
+
+        unknown = [r for r in roles if r not in ROLES]
+        if unknown:
+            raise ValueError(f"registry.freshness.signer_roles names {', '.join(map(repr, unknown))}, no role. Fix: "
+                             f"use some of {', '.join(ROLES)}.")
+        return roles
+
+
+class AttestorsPolicy(StrictModel):
+    """Who may attest which evidence (`registry.attestation`): user names, or `role:<role>`. The gates count a
+    statement only when its signer is named here for its kind, so a trainer cannot vouch for her own eval."""
+
+    train: list[str] = Field(["role:trainer", "role:admin", "role:service"],
+                             description="who may attest a training run's output (its trainer, or the service)")
+    data: list[str] = Field(["role:trainer", "role:admin", "role:service"],
+                            description="who may attest a snapshot build's GE results")
+    eval: list[str] = Field(["role:approver", "role:admin", "role:service"],
+                            description="who may attest an eval and its contamination report")
+    eval_reference: list[str] = Field(["role:approver", "role:admin", "role:service"],
+                                      description="who may attest an as-trained reference eval")
+    gate: list[str] = Field(["role:approver", "role:admin", "role:service"],
+                            description="who may attest a gate report")
+    shadow: list[str] = Field(["role:approver", "role:admin", "role:service"],
+                              description="who may attest a shadow report")
+    package: list[str] = Field(["role:trainer", "role:admin", "role:service"],
+                               description="who may attest (and sign the package of) a GGUF")
+
+    @field_validator("*")
+    @classmethod
+    def _known_roles(cls, value: list[str]) -> list[str]:
+        from mlops.identities import ROLES
+
+        for item in value:
+            role = item.removeprefix("role:")
+            if item.startswith("role:") and role not in ROLES:
+                raise ValueError(f"'{item}' names no role (roles: {', '.join(ROLES)}); write role:<role> or a name")
+        return value
+
+
 class RegistryConfig(StrictModel):
     spot_check: SpotCheckPolicy = Field(default_factory=SpotCheckPolicy)
     shadow: ShadowPolicy = Field(default_factory=ShadowPolicy)
@@ -84,6 +138,8 @@ class RegistryConfig(StrictModel):
     # Added later: at their defaults they stay out of the config hash, so configs keep theirs.
     monitor: MonitorPolicy = added_option(MonitorPolicy())
     loop: LoopPolicy = added_option(LoopPolicy())
+    freshness: FreshnessPolicy = added_option(FreshnessPolicy())
+    attestors: AttestorsPolicy = added_option(AttestorsPolicy())
 
 
 def policy_path() -> Path:

@@ -121,12 +121,12 @@ class Follower:
 
     def _require_admissible(self, state, version: str) -> None:
         """A candidate followed by stage (`--shadow ...@candidate`) is loaded only once its signed registration's
-        lineage and its data gate pass: nobody reviewed it yet, so nothing less is put on a serving host."""
+        lineage and its attested data gate pass: nobody reviewed it yet, so nothing less is put on a serving host."""
         from mlops.errors import MLOpsError
         from registry.gates import data_gate, lineage_gate
 
         vs = state.versions[version]
-        for result in (lineage_gate(vs), data_gate(vs)):
+        for result in (lineage_gate(vs), data_gate(vs, state)):
             if not result.passed:
                 raise MLOpsError(f"its {result.gate} gate does not pass ({result.detail}).")
 

@@ -1,14 +1,18 @@
-"""Layer 4 (acts' evidence): release gates, each decided from stored evidence, never from a tag a hand can edit.
+"""Layer 4 (acts' evidence): release gates, each decided from attested evidence, never from a report a hand can write.
 
+A gate stands on an in-toto statement that the step which made the evidence signed (`registry.attestation`,
+stored by `registry.attest_store`), and only one whose signer the recorded policy names for that kind. The
+verdicts come from `registry.derive`, the same pure rules every verifier replays over the envelopes an approval
+copies into its entry, so the writer and the verifiers can never disagree:
 - lineage:       the registration entry in the ledger recorded every required lineage tag.
-- data:          the snapshot manifest logged by the data run: no failing batch was admitted.
-- eval:          the newest stored gate report for this content passed, against the champion current *now*
+- data:          the data build's attestation of the snapshot: no failing batch was admitted.
+- eval:          the newest attested gate report for these files passed, against the champion current *now*
                  (a report against an earlier champion is stale and must be re-run).
-- contamination: the contamination report of the eval the gate stood on is clean.
+- contamination: the attested contamination report of the eval the gate stood on is clean.
 - spot_check:    (when the release policy requires it) the newest ledgered human review of the version passed,
                  against the champion current now, by someone other than its trainer (registry.spotcheck).
-- shadow:        (when the release policy requires it) the candidate answered at least the configured number of
-                 shadowed live requests, with few enough errors.
+- shadow:        (when the release policy requires it) the attested shadow report: enough shadowed requests,
+                 few enough errors.
 A failing gate names itself and its evidence. An admin override (ledgered, shown forever) lets it pass.
 """
 
@@ -17,11 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mlops.errors import MLOpsError, NotFoundError
-from mlops.lineage import Tag
+from mlops.lineage import REQUIRED_LINEAGE, Tag, missing_lineage  # noqa: F401 - the gate's vocabulary
 
 GATES = ("lineage", "data", "eval", "contamination", "spot_check", "shadow")
-REQUIRED_LINEAGE = (Tag.CONFIG_HASH, Tag.SNAPSHOT_ID, Tag.DATA_RUN, Tag.IMAGE_TAG, Tag.GIT_COMMIT, Tag.CODE_VERSION,
-                    Tag.BASE_MODEL_ID, Tag.SEED, Tag.CHECKPOINT_MANIFEST, Tag.MODEL_ID, Tag.PROFILE_HASH)
 
 
 @dataclass
@@ -31,6 +33,8 @@ class GateResult:
     detail: str
     evidence: dict = field(default_factory=dict)
     overridden_by: dict | None = None
+    # The DSSE envelope of the attestation the result stood on: what an approval copies into its entry.
+    envelope: dict | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -41,10 +45,6 @@ class GateResult:
                 "evidence": self.evidence, "overridden_by": self.overridden_by}
 
 
-def missing_lineage(tags: dict[str, str]) -> list[str]:
-    return [str(t) for t in REQUIRED_LINEAGE if not str(tags.get(t, "")).strip()]
-
-
 def lineage_gate(version_state) -> GateResult:
     missing = missing_lineage(version_state.evidence.get("lineage", {}))
     if missing:
@@ -53,32 +53,73 @@ def lineage_gate(version_state) -> GateResult:
                       {"run_id": version_state.evidence.get("run_id")})
 
 
-def data_gate(version_state) -> GateResult:
-    from mlops.run_store import load_run_json
+def attested_evidence(state, vs) -> dict[str, tuple]:
+    """kind -> (Attestation, envelope): the newest stored statement of each kind about this version (its files,
+    or its snapshot) that verifies and whose signer the recorded policy names; the eval is the one the gate
+    stood on. A report no permitted identity attested is not here, whoever's run it sits in."""
+    from registry.attest_store import usable
+    from registry.derive import attestors_of
 
-    data_run = version_state.evidence.get("lineage", {}).get(Tag.DATA_RUN)
-    snapshot = version_state.evidence.get("lineage", {}).get(Tag.SNAPSHOT_ID)
-    if not data_run:
-        return GateResult("data", False, f"no data run is recorded for snapshot {snapshot}: its GE results cannot "
-                                         "be read")
-    try:
-        manifest = load_run_json(data_run, "snapshot/manifest.json")
-    except NotFoundError as err:
-        return GateResult("data", False, f"the data run's manifest cannot be read: {err}", {"data_run": data_run})
-    batches = manifest.get("batches", [])
-    admitted_failures = [b["batch"] for b in batches if b.get("status") == "passed" and b.get("failed")]
-    unknown = [b["batch"] for b in batches if b.get("status") not in ("passed", "quarantined")]
-    evidence = {"data_run": data_run, "snapshot_id": manifest.get("snapshot_id"),
-                "batches": len(batches), "quarantined": sum(b.get("status") == "quarantined" for b in batches)}
-    if manifest.get("snapshot_id") != snapshot:
-        return GateResult("data", False, f"the data run built {manifest.get('snapshot_id')}, not {snapshot}", evidence)
-    if admitted_failures or unknown:
-        return GateResult("data", False, f"batches admitted without passing the GE gate: "
-                                         f"{admitted_failures + unknown}", evidence)
-    if not any(b.get("status") == "passed" for b in batches):
-        return GateResult("data", False, "no batch passed the GE gate", evidence)
-    return GateResult("data", True, f"{evidence['batches']} batches gated by GE, {evidence['quarantined']} "
-                                    "quarantined, none failing admitted", evidence)
+    attestors, files_key = attestors_of(state.policy), vs.evidence.get("files_digest") or ""
+    found = {}
+    for kind, key in (("data", vs.evidence.get("snapshot_id") or ""), ("gate", files_key), ("eval", files_key),
+                      ("shadow", files_key)):
+        pairs = usable(kind, key, state.users, attestors)
+        if kind == "eval" and "gate" in found:
+            stood_on = found["gate"][0].predicate.get("eval_run")
+            pairs = [pair for pair in pairs if pair[0].predicate.get("eval_run") == stood_on] or pairs
+        if pairs:
+            found[kind] = pairs[0]
+    return found
+
+
+def data_gate(version_state, state) -> GateResult:
+    """The snapshot's attested GE results (a follower admits a candidate on this and its lineage)."""
+    return _derived(state, version_state, attested_evidence(state, version_state), ("data",))[0]
+
+
+def _derived(state, vs, found: dict, gates: tuple) -> list[GateResult]:
+    from registry.derive import GATE_KINDS, gate_verdicts
+
+    verdicts = gate_verdicts(state.users, state.policy, state, vs, {k: env for k, (_, env) in found.items()})
+    out = []
+    for gate in gates:
+        passed, detail = verdicts.get(gate, (False, "not required"))
+        att = found.get(GATE_KINDS.get(gate, ""), (None, None))[0]
+        evidence = {**(_kept(att) if att else {}), "attestation": att.id if att else None,
+                    "attested_by": att.signer if att else None}
+        if gate == "contamination" and att is None and "gate" in found:
+            evidence["eval_run"] = found["gate"][0].predicate.get("eval_run")
+        if gate == "shadow":  # the policy values it was judged by
+            from registry.config import policy_of
+
+            rules = policy_of(state.policy).shadow
+            evidence.update(min_requests=rules.min_requests, max_error_rate=rules.max_error_rate)
+        attestable = gate in GATE_KINDS and att is None and not passed
+        detail = _unattested(gate, state.model, vs, detail) if attestable else detail
+        out.append(GateResult(gate, passed, detail, evidence))
+    return out
+
+
+def _kept(att) -> dict:
+    """What a gate result shows of its attestation's predicate: the runs and figures (never the envelope)."""
+    keep = ("gate_run", "eval_run", "data_run", "shadow_run", "snapshot_id", "result", "shadowed", "errors",
+            "report_sha256", "champion", "agreement")
+    return {k: att.predicate[k] for k in keep if k in att.predicate}
+
+
+def _unattested(gate: str, model: str, vs, detail: str) -> str:
+    from registry.derive import GATE_KINDS
+
+    kind, version = GATE_KINDS.get(gate, gate), vs.version
+    how = {"data": "rebuild the snapshot with `mlops data build`",
+           "gate": f"run `mlops gate --challenger models:/{model}/{version} --champion models:/{model}@production`",
+           "eval": f"run `mlops eval models:/{model}/{version}`",
+           "shadow": f"serve it with `mlops serve --shadow models:/{model}/{version}`, then run `mlops shadow report "
+                     f"{model} {version}`"}[kind]
+    return (f"no stored {kind} report about v{version} is attested by an identity the release policy names for "
+            f"{kind} evidence (a report nobody permitted attested is no evidence; {detail}). Fix: {how}, signed in "
+            "(MLOPS_USER, MLOPS_PASSWORD) as such an identity")
 
 
 def newest_gate_report(content_id: str) -> tuple[str, dict] | None:
@@ -105,73 +146,40 @@ def _newest_gate_run(content_id: str) -> tuple[str, dict, dict] | None:
     return None
 
 
-def eval_gate(version_state, champion_state) -> GateResult:
-    found = _newest_gate_run(version_state.content_id or "")
-    if found is None:
-        return GateResult("eval", False, "no stored gate report for this model. Run `mlops gate --challenger "
-                                         "models:/<model>/<version> --champion models:/<model>@production`")
-    run_id, report, tags = found
-    recorded = ((report.get("settings") or {}).get("evidence") or {}).get("champion") or {}
-    champion_now = champion_state.content_id if champion_state else None
-    evidence = {"gate_run": run_id, "eval_run": tags.get(Tag.EVAL_RUN), "result": report.get("result"),
-                "champion_in_report": recorded.get("content_id"), "champion_now": champion_now}
-    if recorded.get("content_id") != champion_now:
-        now = f"v{champion_state.version}" if champion_state else "no champion"
-        return GateResult("eval", False, f"the newest gate report (run {run_id}) compared against "
-                                         f"{recorded.get('ref') or 'no champion'}, but the champion now is {now}: "
-                                         "it is stale. Re-run the gate against the current champion", evidence)
-    if report.get("result") != "passed":
-        reasons = "; ".join(report.get("reasons") or [])[:600]
-        return GateResult("eval", False, f"the gate report (run {run_id}) failed: {reasons}", evidence)
-    return GateResult("eval", True, f"gate run {run_id} passed against {recorded.get('ref') or 'the floors'}",
-                      evidence)
-
-
-def contamination_gate(version_state, eval_result: GateResult) -> GateResult:
-    from mlops.run_store import get_run, load_run_json
-
-    gate_run = eval_result.evidence.get("gate_run")
-    if not gate_run:
-        return GateResult("contamination", False, "no gate run, so no eval whose contamination report to read")
-    evidence = eval_result.evidence
-    eval_run = evidence["eval_run"] if "eval_run" in evidence else get_run(gate_run).data.tags.get(Tag.EVAL_RUN)
-    try:
-        finished = eval_run and get_run(eval_run).info.status == "FINISHED"
-        report = load_run_json(eval_run, "eval/contamination.json") if finished else None
-    except NotFoundError:
-        report = None
-    if report is None:
-        return GateResult("contamination", False, f"eval run {eval_run} stored no contamination report",
-                          {"eval_run": eval_run})
-    offending = [i.get("id") for i in report.get("offending", [])]
-    evidence = {"eval_run": eval_run, "status": report.get("status"), "offending": offending[:50]}
-    if report.get("status") != "checked":
-        return GateResult("contamination", False, f"contamination was not checked ({report.get('status')})", evidence)
-    if offending:
-        return GateResult("contamination", False, f"{len(offending)} eval items overlap the training snapshot: "
-                                                  f"{', '.join(map(str, offending[:10]))}", evidence)
-    return GateResult("contamination", True, "no eval item overlaps the training snapshot", evidence)
-
-
 def evaluate_gates(state, version: str) -> list[GateResult]:
-    """Every gate for `version` against the state's current champion, with overrides applied."""
+    """Every gate for `version` against the state's current champion, re-derived from attested evidence by the
+    rules every verifier replays (`registry.derive`), with overrides applied. `attestations(results)` gives the
+    envelopes an approval or a promotion copies into its entry."""
     vs = state.versions.get(str(version))
     if vs is None:
         raise MLOpsError(f"version {version} of '{state.model}' was not registered through the registry. "
                          f"Fix: register it with `mlops registry register --run <run_id> --name {state.model}`.")
-    from mlops.run_store import one_view
+    from registry.derive import required_gates
 
-    champion = state.versions.get(state.aliases.get("production", ""))
-    with one_view():
-        results = [lineage_gate(vs), data_gate(vs)]
-        eval_result = eval_gate(vs, champion if champion and champion.version != vs.version else None)
-        results += [eval_result, contamination_gate(vs, eval_result)]
-        results += policy_gates(state, vs)
+    found = attested_evidence(state, vs)
+    gates = tuple(g for g in GATES if g in required_gates(state.policy))
+    results = _derived(state, vs, found, gates)
+    for i, result in enumerate(results):
+        if result.gate == "spot_check":  # the stored verdicts must still be the ledgered ones; its words, if not
+            judged = policy_gates(state, vs)[0]
+            results[i] = judged if not judged.passed or result.passed else result
     for result in results:
+        result.envelope = found.get(_kind(result.gate), (None, None))[1]
         overrides = [o for o in vs.overrides if o.get("gate") in (result.gate, "all")]
         if overrides and not result.passed:
             result.overridden_by = overrides[-1]
     return results
+
+
+def _kind(gate: str) -> str:
+    from registry.derive import GATE_KINDS
+
+    return GATE_KINDS.get(gate, "")
+
+
+def attestations(results: list[GateResult]) -> dict[str, dict]:
+    """kind -> envelope of every attestation the gate results stood on (what an approval's entry names)."""
+    return {_kind(r.gate): r.envelope for r in results if getattr(r, "envelope", None) is not None}
 
 
 def failing(results: list[GateResult]) -> list[GateResult]:
@@ -230,16 +238,11 @@ def changed_evidence(recorded: dict[str, dict]) -> list[str]:
 
 
 def policy_gates(state, version_state, policy=None) -> list[GateResult]:
-    """The spot-check and shadow gates, each only when `registry.<gate>.required` says so."""
+    """The spot-check gate (the stored verdicts checked against the ledgered review) when the policy needs it."""
     from registry.config import policy_of
 
     policy = policy or policy_of(state.policy)  # the policy the verified ledger records, read with the state
-    out = []
-    if policy.spot_check.required:
-        out.append(spot_check_gate(state, version_state, policy.spot_check))
-    if policy.shadow.required:
-        out.append(shadow_gate(state.model, version_state, policy.shadow))
-    return out
+    return [spot_check_gate(state, version_state, policy.spot_check)] if policy.spot_check.required else []
 
 
 def spot_check_gate(state, version_state, policy) -> GateResult:
@@ -260,30 +263,3 @@ def newest_shadow_report(model: str, version: str) -> tuple[str, dict] | None:
         except NotFoundError:
             continue
     return None
-
-
-def shadow_gate(model: str, version_state, policy) -> GateResult:
-    """Judged on the stored shadow report (the serving stage's own definition of an answer and an error)."""
-    import json
-
-    version = version_state.version
-    found = newest_shadow_report(model, version)
-    limits = {"min_requests": policy.min_requests, "max_error_rate": policy.max_error_rate}
-    if found is None:
-        return GateResult("shadow", False, f"no stored shadow report for version {version}. Fix: serve it with "
-                                           f"`mlops serve --shadow models:/{model}/{version}`, then run `mlops shadow "
-                                           f"report {model} {version}`", limits)
-    run_id, report = found
-    shadowed = int(report.get("shadowed") or 0)
-    errors = int((report.get("errors") or {}).get("shadow") or 0)
-    kept = {**json.loads(json.dumps(report, default=str)), "shadow_run": run_id, "shadow_errors": errors, **limits}
-    rate = errors / shadowed if shadowed else 0.0
-    if shadowed < policy.min_requests:
-        return GateResult("shadow", False, f"the candidate answered {shadowed} shadowed requests (report run "
-                                           f"{run_id}); the policy needs {policy.min_requests}. Fix: serve it with "
-                                           f"`mlops serve --shadow models:/{model}/{version}` for longer, then run "
-                                           f"`mlops shadow report {model} {version}`", kept)
-    if rate > policy.max_error_rate:
-        return GateResult("shadow", False, f"{errors} of {shadowed} shadow answers failed ({rate:.1%} > "
-                                           f"{policy.max_error_rate:.1%}; report run {run_id})", kept)
-    return GateResult("shadow", True, f"{shadowed} shadowed requests, {rate:.1%} errors (report run {run_id})", kept)

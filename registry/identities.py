@@ -71,7 +71,7 @@ def issue_key(registry_id: str, name: str, passphrase: str, *, public_key: str |
             raise RefusedError(f"--public-key '{public_key[:80]}' is not an Ed25519 public key (64 hex characters). "
                                "Fix: pass what `mlops registry key new` printed.")
         return public_key
-    check_password(passphrase)
+    check_password(passphrase, name=name)
     signer = new_signer(name)
     write_key_file(user_key_path(registry_id, name), signer, registry_id, passphrase)
     return signer.public_key
@@ -85,15 +85,18 @@ def bootstrap(admin: str, password: str, *, policy: dict, url: str | None = None
     machine), the admin and the release policy in force."""
     from registry.ledger import create_registry, ledger_url
     from registry.signing import fingerprint, unlock, user_key_path
+    from registry.attest_store import create_table
     from registry.spotcheck_store import create_tables
     from registry.transition import Plan, run
     from registry.trust import pin_root
 
     check_name(admin)
-    check_password(password)
+    check_password(password, name=admin)
     db = ledger_url(url)
     registry_id = create_registry(db)
     create_tables(db)
+    create_table(db)
+    __import__("registry.freshness").freshness.create_table(db)  # the signed timestamps' table
     public = issue_key(registry_id, admin, password)
     pin_root(registry_id, fingerprint(public))
     actor = Identity(admin, "admin", signer=unlock(user_key_path(registry_id, admin), password))

@@ -59,42 +59,78 @@ def verify_files(model: str, version: str, folder: Path, *, url: str | None = No
 
 
 def packaged_gguf(content_id: str, quantization: str, *, url: str | None = None) -> dict | None:
-    """The newest signed `package` entry for these weights in this quantization: {sha256, run, llamacpp_version,
-    model, version}; None when no version of them was packaged so (or no registry is in this store)."""
+    """The signed package of these weights in this quantization that serving must load: {sha256, run,
+    llamacpp_version, model, version, seq}. For a version past candidate, the one its approval fixed (a later
+    package changes nothing it serves); for a candidate, its newest. None when none applies (or no registry)."""
     from registry.ledger import verified
-    from registry.resolve import present
+    from registry.resolve import present, state_in
 
     if not present(url):
         return None
-    found = [e for e in verified(url).entries if e.action == "package"
+    entries = verified(url).entries
+    found = [e for e in entries if e.action == "package"
              and e.evidence.get("content_id") == content_id and e.evidence.get("quantization") == quantization]
     if not found:
         return None
     e = found[-1]
+    vs = state_in(e.model, entries).versions.get(str(e.version))
+    if vs is not None and vs.stage != "candidate":
+        fixed = _approved_gguf(state_in(e.model, entries), vs.version)
+        e = next((p for p in found if fixed and p.seq == fixed.get("seq")), None)
+        if e is None:
+            return None
     return {**{k: e.evidence.get(k) for k in ("sha256", "run", "llamacpp_version")}, "model": e.model,
             "version": e.version, "seq": e.seq}
 
 
+def _approved_gguf(state, version: str) -> dict | None:
+    approved = [r for r in state.requests if r.version == str(version) and r.to_stage == "production"
+                and r.status in ("approved", "consumed")]
+    return approved[-1].decision.get("gguf") if approved else None
+
+
 def record_package(actor, model: str, version: str, *, sha256: str, quantization: str, llamacpp_version: str,
                    run_id: str, url: str | None = None):
-    """Packaging a version's GGUF is a signed act: its sha256 and quantization go into the ledger, and every
-    server checks the file it is about to load against them."""
+    """Packaging a version's GGUF is a signed act with its attestation (subject: the GGUF; material: the version's
+    files): its sha256 and quantization go into the ledger, and every server checks the file it loads against
+    them. Only a candidate is packaged: an approval fixes the bytes a release serves."""
     from mlops.identities import require
+    from registry.attest_store import record
+    from registry.attestation import attest
     from registry.transition import Plan, run
 
     require(actor, "register")
+    signed: list[dict] = []
 
-    def plan_for(state):
+    def packable(state):
         vs = state.versions.get(str(version))
         if vs is None:
             raise RefusedError(f"version {version} of '{model}' is not in the ledger; only a registered version is "
                                "packaged. Fix: register it first.")
+        if vs.stage != "candidate":
+            raise RefusedError(f"version {version} of '{model}' is {vs.stage}: the GGUF it serves was fixed at its "
+                               "approval. Nothing was changed. Fix: register the weights as a new version, and "
+                               "package, gate and approve that.")
+        return vs
+
+    def prepare(state):  # before the ledger transaction: the attestation store is another write
+        vs = packable(state)
+        predicate = {"files_digest": vs.evidence.get("files_digest"), "content_id": vs.content_id,
+                     "quantization": quantization, "llamacpp_version": llamacpp_version, "run": run_id}
+        envelope = attest(actor.signer, "package", {f"model-{quantization}.gguf": sha256}, predicate,
+                          {"model-files": vs.evidence.get("files_digest") or ""})
+        record(envelope, "package", sha256, actor.name, url=url)
+        signed[:] = [envelope]
+
+    def plan_for(state):
+        vs, envelope = packable(state), signed[0]
         return Plan(entries=[dict(actor=actor.name, action="package", model=model, version=str(version),
                                   reason=f"GGUF {quantization} by llama.cpp {llamacpp_version}",
                                   evidence={"sha256": sha256, "quantization": quantization, "run": run_id,
-                                            "llamacpp_version": llamacpp_version, "content_id": vs.content_id})])
+                                            "llamacpp_version": llamacpp_version, "content_id": vs.content_id,
+                                            "attestations": {"package": envelope}})])
 
-    return run(model, plan_for, url=url, actor=actor)[0]
+    return run(model, plan_for, url=url, actor=actor, prepare=prepare)[0]
 
 
 def check_artifacts(model: str, version_state) -> dict:

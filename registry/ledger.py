@@ -291,7 +291,9 @@ def read_chain(conn, url: str, *, for_update: bool = False) -> Chain:
         query = query.with_for_update()
     seq, head_hash = conn.execute(query).one()
     rows = conn.execute(sa.select(LEDGER).order_by(LEDGER.c.seq)).mappings().all()
-    return Chain(registry_id, root, [_entry(r) for r in rows], seq, head_hash)
+    chain = Chain(registry_id, root, [_entry(r) for r in rows], seq, head_hash)
+    chain.url = url  # where its timestamps and attestations are read (registry.freshness)
+    return chain
 
 
 # The world after the longest prefix this process audited (signatures and rules), keyed by registry and root: a
@@ -337,20 +339,29 @@ def verified(url: str | None = None) -> Chain:
     return chain
 
 
-def problems_of(chain: Chain) -> list[str]:
+def problems_of(chain: Chain, *, fresh: bool = True) -> list[str]:
+    """Everything wrong with the chain; with `fresh`, also a missing or stale signed timestamp where the recorded
+    policy sets registry.freshness.hours (`registry.freshness`)."""
+    from registry.freshness import problems as stale
     from registry.trust import pinned_head, read_anchor
 
     problems = chain_problems(chain.entries, chain.head_seq, chain.head_hash, read_anchor(chain.registry_id),
                               pinned_head())
-    return problems or audited(chain)
+    problems = problems or audited(chain)
+    return problems if problems or not fresh else stale(chain)
 
 
 def check(chain: Chain) -> None:
+    from registry.freshness import StaleLedger
+    from registry.freshness import problems as stale
     from registry.trust import advance_anchor
 
-    problems = problems_of(chain)
+    problems = problems_of(chain, fresh=False)
     if problems:
         raise LedgerBroken(problems)
+    late = stale(chain)
+    if late:
+        raise StaleLedger(late)
     advance_anchor(chain.registry_id, chain.head_seq, chain.head_hash)
 
 
@@ -381,6 +392,7 @@ def locked(url: str | None = None, *, known: Chain | None = None):
         if chain is None:
             chain = read_chain(conn, url, for_update=True)
             check(chain)
+        chain.url = url
         chain.world = copy.deepcopy(chain.world)  # the act's own: a rolled-back append never reaches the cache
         chain.conn = conn
         yield chain

@@ -52,8 +52,9 @@ def four_eyes(state: ModelState, version: str, approver: Identity, request=None)
 
 
 def register(actor: Identity, run_id: str, name: str, *, url: str | None = None, artifact_path: str = "model",
-             tags: dict | None = None) -> str:
-    """Register a training run's model as a new version in stage `candidate`; refuses incomplete lineage.
+             tags: dict | None = None, unattested_reason: str | None = None) -> str:
+    """Register a training run's model as a new version in stage `candidate`; refuses incomplete lineage and a
+    run whose output no permitted trainer attested (`unattested_reason`: an admin's ledgered override).
     Idempotent on the run id; `tags` go on the new version (e.g. the sweep trial it came from)."""
     from mlops.tracking import call, client
     from registry.gates import missing_lineage
@@ -75,11 +76,11 @@ def register(actor: Identity, run_id: str, name: str, *, url: str | None = None,
                            "be traceable to its config, data, code, image and checkpoint. Fix: retrain with the "
                            "current `mlops train run` (which records them all), after building the snapshot with "
                            "a tracked `mlops data build`.")
+    if unattested_reason is not None:
+        require(actor, "override")
+        _need_comment(unattested_reason, "unattested registration")
     evidence = {"run_id": run_id, "content_id": tags[Tag.MODEL_ID], "profile_hash": tags[Tag.PROFILE_HASH],
                 "snapshot_id": tags[Tag.SNAPSHOT_ID],
-                # A run tag is no proof of who trained: the name it claims may not approve, and a run that claims
-                # none is the registrar's to answer for (the registrar signs this entry; four-eyes excludes both).
-                "trainer": tags.get(Tag.ACTOR) or actor.name, "trainer_claimed_by_run": bool(tags.get(Tag.ACTOR)),
                 "lineage": {k: v for k, v in tags.items() if k.startswith("mlops.") and k != Tag.PROFILE},
                 **_hashed_files(run_id, artifact_path, tags[Tag.MODEL_ID])}
     found: list[str] = []
@@ -94,12 +95,34 @@ def register(actor: Identity, run_id: str, name: str, *, url: str | None = None,
         version = found[0]
         if version in state.versions:
             return Plan()
+        proof = _training_proof(state, run_id, evidence["files_digest"], unattested_reason)
         return Plan(entries=[dict(actor=actor.name, action="register", model=name, version=version,
-                                  to_stage="candidate", evidence=evidence, reason=f"from training run {run_id}")],
+                                  to_stage="candidate", evidence={**evidence, **proof},
+                                  reason=f"from training run {run_id}")],
                     version_tags={version: {STAGE_TAG: "candidate", Tag.ACTOR: actor.name}})
 
     run(name, plan_for, url=url, actor=actor, prepare=prepare)
     return found[0]
+
+
+def _training_proof(state: ModelState, run_id: str, files_digest: str, unattested_reason: str | None) -> dict:
+    """Who trained it, as the newest permitted training attestation of exactly these files says (four-eyes
+    excludes that signer); or the admin's override of a run nobody attested (four-eyes then excludes the admin)."""
+    from registry.attest_store import usable
+    from registry.derive import attestors_of
+
+    if unattested_reason is not None:
+        return {"trainer": None, "unattested": {"reason": unattested_reason}}
+    found = [(att, env) for att, env in usable("train", files_digest, state.users, attestors_of(state.policy))
+             if att.predicate.get("run_id") == run_id]
+    if not found:
+        raise RefusedError(f"run {run_id} has no training attestation: nobody the release policy names for training "
+                           "signed its output, so nobody is known to have trained it and four-eyes could not "
+                           "exclude them. Nothing was registered. Fix: train it signed in (MLOPS_USER and "
+                           "MLOPS_PASSWORD set for `mlops train run`), or an admin registers it with "
+                           "`--unattested-reason \"...\"` (ledgered and shown forever).")
+    att, envelope = found[0]
+    return {"trainer": att.signer, "attestations": {"train": envelope}}
 
 
 def _hashed_files(run_id: str, artifact_path: str, content_id: str) -> dict:
@@ -139,7 +162,8 @@ def request(actor: Identity, model: str, version: str, to_stage: str, comment: s
 def plan_decide(actor: Identity, state: ModelState, model: str, version: str, comment: str | None, *,
                 approve: bool, gates: list | None = None) -> Plan:
     """The approval or rejection of the open request; `gates` reuses results already read (else read now)."""
-    from registry.gates import evaluate_gates, evidence_digests
+    from registry.gates import attestations, evaluate_gates, evidence_digests
+    from registry.rules import released_gguf
 
     pending = [r for r in state.pending() if r.version == str(version)]
     if not pending:
@@ -152,8 +176,11 @@ def plan_decide(actor: Identity, state: ModelState, model: str, version: str, co
         if req.to_stage == "production":
             results = gates if gates is not None else evaluate_gates(state, version)
             _refuse_failing(results, model, version)
-            evidence["gates"] = [r.as_dict() for r in results]
+            evidence["gates"] = [r.as_dict() for r in results]  # display: the replay re-derives each
+            evidence["attestations"] = attestations(results)
             evidence["evidence_digests"] = evidence_digests(results)
+            # The bytes production will serve, fixed now: a later package of this version needs a new approval.
+            evidence["gguf"] = released_gguf(state.versions.get(str(version)))
     return Plan(entries=[dict(actor=actor.name, action="approve" if approve else "reject", model=model,
                               version=str(version), to_stage=req.to_stage, reason=comment, evidence=evidence)])
 
@@ -189,21 +216,23 @@ def override(actor: Identity, model: str, version: str, gate: str, reason: str, 
 
 
 def plan_promote(actor: Identity, state: ModelState, model: str, version: str, to_stage: str, *,
-                 expect_version: str | None = None, gates: list | None = None, done_ok: bool = False) -> Plan:
+                 expect_version: str | None = None, gates: list | None = None) -> Plan:
     """What promoting `version` to `to_stage` writes, or the refusal; `gates` reuses results already read.
-    `done_ok`: a version that already holds the alias is an empty plan (a retried command succeeds)."""
-    from registry.gates import evaluate_gates
+    A stale `expect_version` is refused first, whatever the target; then a version that already holds the alias
+    raises `AlreadyInForce` (someone, maybe this very command, did it before: nothing is written twice)."""
+    from mlops.errors import AlreadyInForce
+    from registry.gates import attestations, evaluate_gates
+    from registry.rules import released_gguf
 
     alias = ALIAS_OF_STAGE.get(to_stage)
     if alias is None:
         raise RefusedError(f"promote moves a version to staging or production, not {to_stage}.")
     version = str(version)
     current = state.aliases.get(alias)
-    if current == version and done_ok:
-        return Plan()
     _check_expected(model, alias, current, expect_version)
     if current == version:
-        raise RefusedError(f"version {version} of '{model}' already holds @{alias}.")
+        raise AlreadyInForce(f"version {version} of '{model}' already holds @{alias}; nothing was written.",
+                             model=model, version=version, alias=alias)
     check_transition(state, version, to_stage)
     evidence: dict = {"displaced": current, "displaced_to": DISPLACED_TO[to_stage] if current else None}
     if to_stage == "production":
@@ -215,7 +244,12 @@ def plan_promote(actor: Identity, state: ModelState, model: str, version: str, t
         _refuse_changed_evidence(state, req, model, version)
         results = gates if gates is not None else evaluate_gates(state, version)
         _refuse_failing(results, model, version)
-        evidence.update(request_seq=req.seq, approved_by=req.decided_by, gates=[r.as_dict() for r in results])
+        if req.decision.get("gguf") != released_gguf(state.versions[version]):
+            raise RefusedError(f"version {version} of '{model}' was packaged again after its approval, so the bytes "
+                               "it would serve are not the approved ones. Nothing was changed. Fix: request and "
+                               "approve it again.")
+        evidence.update(request_seq=req.seq, approved_by=req.decided_by, gates=[r.as_dict() for r in results],
+                        attestations=attestations(results))
     tags = {version: {STAGE_TAG: to_stage}}
     if state.versions[version].stage_reason:
         tags[version][STAGE_REASON_TAG] = ""  # the reason of an earlier rollback no longer applies
@@ -236,17 +270,8 @@ def promote(actor: Identity, model: str, version: str, to_stage: str, *, expect_
             url: str | None = None):
     """Move `version` into staging or production (alias and stage), compare-and-set against `expect_version`."""
     require(actor, "promote")
-    written = run(model, lambda state: plan_promote(actor, state, model, version, to_stage, done_ok=True,
-                                                    expect_version=expect_version), url=url, actor=actor)
-    return written[0] if written else _entry_that_moved(model, ALIAS_OF_STAGE[to_stage], str(version), url)
-
-
-def _entry_that_moved(model: str, alias: str, version: str, url: str | None):
-    """The ledger entry that gave `version` the alias (a retried promotion answers with it)."""
-    from registry.ledger import verified
-
-    moved = [e for e in verified(url).of(model) if e.alias == alias and e.alias_after == version]
-    return moved[-1]
+    return run(model, lambda state: plan_promote(actor, state, model, version, to_stage,
+                                                 expect_version=expect_version), url=url, actor=actor)[0]
 
 
 def plan_rollback(actor: Identity, state: ModelState, model: str, reason: str | None, *,
@@ -254,6 +279,7 @@ def plan_rollback(actor: Identity, state: ModelState, model: str, reason: str | 
                   check_artifacts: bool = True) -> Plan:
     """What rolling production back writes, or the refusal. `check_artifacts=False` previews without reading
     the target's files (the action itself always checks them)."""
+    from mlops.errors import AlreadyInForce
     from registry.integrity import check_artifacts as checked_artifacts
     from registry.state import rollback_target
 
@@ -266,7 +292,8 @@ def plan_rollback(actor: Identity, state: ModelState, model: str, reason: str | 
         raise RefusedError(f"'{model}' has no earlier production version to roll back to (production history: "
                            f"{', '.join(state.production_stack) or 'none'}). Nothing was changed.")
     if target == current:
-        raise RefusedError(f"version {target} is already in production.")
+        raise AlreadyInForce(f"version {target} of '{model}' already holds @production; nothing was written.",
+                             model=model, version=target, alias="production")
     target_state = _version_state(state, target)
     if target_state.stage != "archived":  # only a former champion: a rollback never releases an unapproved version
         raise RefusedError(f"version {target} is {target_state.stage}; a rollback brings back an earlier champion "

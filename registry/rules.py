@@ -10,48 +10,21 @@ before it signs and appends it, so the writer and the verifiers can never disagr
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from mlops.errors import MLOpsError
 from mlops.identities import PERMISSIONS, ROLES
-from registry.entries import GOVERNANCE, Entry, digest_of
+from registry.entries import GOVERNANCE, Entry
+from registry.refusal import RefusedError  # noqa: F401 - where callers import it from
 from registry.signing import fingerprint, statement, verify
-from registry.state import ALIAS_OF_STAGE, TRANSITIONS, ModelState, apply
+from registry.model_rules import MODEL_RULES, four_eyes_conflicts, released_gguf  # noqa: F401 - the rules' API
+from registry.state import apply
+from registry.world import User, World, attested  # noqa: F401 - the rules' API
 
-BASE_GATES = ("lineage", "data", "eval", "contamination")
-GATES = (*BASE_GATES, "spot_check", "shadow")
+GATES = ("lineage", "data", "eval", "contamination", "spot_check", "shadow")
 # What each action needs of its actor (mlops.identities.PERMISSIONS decides who has it).
 NEEDS = {"policy": "manage_policy", "user_add": "manage_users", "user_remove": "manage_users",
          "register": "register", "package": "register", "request": "request", "approve": "approve",
          "reject": "approve", "promote": "promote", "rollback": "rollback", "override": "override",
          "reconcile": "reconcile", "canary_start": "promote", "canary_stop": "promote",
          "spot_check": "spot_check", "spot_check_review": "spot_check"}
-
-
-class RefusedError(MLOpsError):
-    """A transition the rules refuse; nothing was changed."""
-
-
-@dataclass(frozen=True)
-class User:
-    name: str
-    role: str
-    public_key: str
-
-
-@dataclass
-class World:
-    """The ledger's state after some entries: identities, the policy in force, every model's release state."""
-
-    users: dict[str, User] = field(default_factory=dict)
-    policy: dict | None = None
-    models: dict[str, ModelState] = field(default_factory=dict)
-    count: int = 0
-
-    def model(self, name: str) -> ModelState:
-        if name not in self.models:
-            self.models[name] = ModelState(name)
-        return self.models[name]
 
 
 def signature_problem(world: World, e: Entry, registry_id: str, root: str) -> str | None:
@@ -156,167 +129,3 @@ def _user_remove(world: World, e: Entry) -> str | None:
 
 GOVERNANCE_RULES = {"policy": lambda w, e: None if isinstance(e.evidence.get("policy"), dict) else "no policy",
                     "user_add": _user_add, "user_update": _user_update, "user_remove": _user_remove}
-
-
-# --------------------------------------------------------------------------- releases
-
-
-def _version(state: ModelState, e: Entry):
-    return state.versions.get(str(e.version))
-
-
-def _register(world: World, e: Entry) -> str | None:
-    state = world.model(e.model)
-    if not e.version or e.version in state.versions:
-        return f"version {e.version} is registered already"
-    files = e.evidence.get("files")
-    if not isinstance(files, dict) or not files or e.evidence.get("files_digest") != digest_of(files):
-        return "it records no digest manifest of the model's files"
-    return None if e.to_stage == "candidate" else "a version is registered as a candidate"
-
-
-def _package(world: World, e: Entry) -> str | None:
-    if _version(world.model(e.model), e) is None:
-        return f"version {e.version} is not registered"
-    sha = str(e.evidence.get("sha256") or "")
-    return None if len(sha) == 64 and e.evidence.get("quantization") else "it records no GGUF sha256 and quantization"
-
-
-def _allowed_move(state: ModelState, e: Entry) -> str | None:
-    vs = _version(state, e)
-    if vs is None:
-        return f"version {e.version} is not registered"
-    if e.to_stage not in TRANSITIONS.get(vs.stage, ()):
-        return f"version {e.version} is {vs.stage} and may not move to {e.to_stage}"
-    return None
-
-
-def _request(world: World, e: Entry) -> str | None:
-    state = world.model(e.model)
-    if state.open_request(str(e.version), e.to_stage):
-        return "the version already has an open request to that stage"
-    return _allowed_move(state, e)
-
-
-def four_eyes_conflicts(state: ModelState, version: str, approver: str, requester: str | None) -> list[str]:
-    """Who may not approve a version: whoever trained (as claimed by the run), registered or requested it."""
-    vs = state.versions.get(str(version))
-    roles = {"trained": vs.trainer if vs else None, "registered": vs.registered_by if vs else None,
-             "requested": requester}
-    return [what for what, who in roles.items() if who and who == approver]
-
-
-def required_gates(policy: dict | None) -> list[str]:
-    policy = policy or {}
-    extra = [g for g in ("spot_check", "shadow") if (policy.get(g) or {}).get("required")]
-    return [*BASE_GATES, *extra]
-
-
-def gates_problem(world: World, state: ModelState, e: Entry) -> str | None:
-    """The gates recorded in the entry: every one the recorded policy requires, each passed or overridden by an
-    override entry of this version."""
-    recorded = {g.get("gate"): g for g in e.evidence.get("gates") or [] if isinstance(g, dict)}
-    vs = _version(state, e)
-    override_seqs = {o.get("seq") for o in (vs.overrides if vs else [])}
-    for gate in required_gates(world.policy):
-        found = recorded.get(gate)
-        if found is None:
-            return f"it records no result of the {gate} gate"
-        if not found.get("passed") and (found.get("overridden_by") or {}).get("seq") not in override_seqs:
-            return f"the {gate} gate it records did not pass and no override covers it"
-    return None
-
-
-def _pending(state: ModelState, e: Entry):
-    seq = e.evidence.get("request_seq")
-    found = [r for r in state.pending() if r.seq == seq and r.version == str(e.version)]
-    return found[0] if found else None
-
-
-def _decide(world: World, e: Entry) -> str | None:
-    state = world.model(e.model)
-    req = _pending(state, e)
-    if req is None:
-        return "it decides no pending request of this version"
-    if e.action == "reject":
-        return None
-    conflicts = four_eyes_conflicts(state, str(e.version), e.actor, req.requester)
-    if conflicts:
-        return f"four-eyes rule: {e.actor} {' and '.join(conflicts)} this version"
-    return gates_problem(world, state, e) if req.to_stage == "production" else None
-
-
-def _alias_move(state: ModelState, e: Entry) -> str | None:
-    alias = ALIAS_OF_STAGE.get(e.to_stage or "")
-    if alias is None or e.alias != alias or e.alias_after != str(e.version):
-        return f"it moves @{e.alias} to {e.alias_after} for a move of v{e.version} to {e.to_stage}"
-    if e.alias_before != state.aliases.get(alias):
-        return f"it says @{alias} was {e.alias_before}, but the ledger says {state.aliases.get(alias)}"
-    return None
-
-
-def _promote(world: World, e: Entry) -> str | None:
-    state = world.model(e.model)
-    bad = _alias_move(state, e) or _allowed_move(state, e)
-    if bad or e.to_stage != "production":
-        return bad
-    approved = state.approved_request(str(e.version), "production")
-    if approved is None or approved.seq != e.evidence.get("request_seq"):
-        return "no approved request to production stands behind it"
-    return gates_problem(world, state, e)
-
-
-def _rollback(world: World, e: Entry) -> str | None:
-    state = world.model(e.model)
-    bad = _alias_move(state, e)
-    vs = _version(state, e)
-    if bad or vs is None:
-        return bad or f"version {e.version} is not registered"
-    if vs.stage != "archived" or str(e.version) not in state.production_stack:
-        return f"version {e.version} is {vs.stage}: a rollback brings back a former champion only"
-    return None
-
-
-def _canary_start(world: World, e: Entry) -> str | None:
-    from registry.config import policy_of
-
-    state = world.model(e.model)
-    vs = _version(state, e)
-    if vs is None or vs.stage not in ("staging", "candidate") or state.canary:
-        return "a canary starts on a staging or candidate version, one at a time"
-    approved = state.approved_request(str(e.version), "production")
-    if approved is None or approved.seq != e.evidence.get("request_seq"):
-        return "a canary needs an approved request to production (four-eyes)"
-    bounds = policy_of(world.policy).canary
-    share, seconds = e.evidence.get("share"), e.evidence.get("seconds")
-    if not isinstance(share, int | float) or not 0 < share <= bounds.max_share:
-        return f"its share {share} is outside (0, {bounds.max_share}] (the recorded policy)"
-    if not isinstance(seconds, int | float) or not 0 < seconds <= bounds.max_seconds:
-        return f"its duration {seconds}s is outside (0, {bounds.max_seconds}] (the recorded policy)"
-    limits = e.evidence.get("limits") or {}
-    policy_limits = {k: getattr(bounds, k) for k in ("max_error_rate", "max_p95_ratio", "min_requests")}
-    if {k: limits.get(k) for k in policy_limits} != policy_limits:
-        return "its thresholds are not the recorded policy's"
-    return None
-
-
-def _canary_stop(world: World, e: Entry) -> str | None:
-    canary = world.model(e.model).canary
-    return None if canary and canary.get("version") == str(e.version) else "no canary of that version runs"
-
-
-def _known_version(world: World, e: Entry) -> str | None:
-    return None if _version(world.model(e.model), e) else f"version {e.version} is not registered"
-
-
-def _spot_review(world: World, e: Entry) -> str | None:
-    state = world.model(e.model)
-    bad = _known_version(world, e)
-    conflicts = four_eyes_conflicts(state, str(e.version), e.actor, None)
-    return bad or (f"{e.actor} {' and '.join(conflicts)} this version and may not review it" if conflicts else None)
-
-
-MODEL_RULES = {"register": _register, "package": _package, "request": _request, "approve": _decide,
-               "reject": _decide, "promote": _promote, "rollback": _rollback, "override": _known_version,
-               "reconcile": lambda w, e: None, "canary_start": _canary_start, "canary_stop": _canary_stop,
-               "spot_check": _known_version, "spot_check_review": _spot_review}

@@ -25,6 +25,9 @@ KEY_FILE_ENV = "MLOPS_KEY_FILE"
 FINGERPRINT_RE = re.compile(r"^ed25519:[0-9a-f]{64}$")
 # argon2id cost of unlocking a key file: ~50 ms, paid once per process (the CLI) or per sign-in (the app).
 KDF = {"time_cost": 3, "memory_cost": 65536, "parallelism": 2}
+# The least cost a key file may have been sealed at: each file records its own (the `kdf` block), and one sealed
+# cheaper (an older release, or a hand-made file) lets a stolen copy be guessed faster. Fewer lanes cost no less.
+KDF_FLOOR = {"time_cost": KDF["time_cost"], "memory_cost": KDF["memory_cost"]}
 
 
 class KeyFileError(MLOpsError):
@@ -150,10 +153,19 @@ def unlock(path: Path, passphrase: str | None) -> Signer:
     if not passphrase:
         raise KeyFileError(f"the key file {path} needs its passphrase. Fix: set MLOPS_PASSWORD.")
     try:
-        kdf = {k: int(body["kdf"][k]) for k in KDF}
+        kdf = {k: int(body["kdf"][k]) for k in KDF}  # the cost it was sealed at, as the file records it
+        _refuse_cheap_kdf(path, public["name"], kdf)
         key = _derive(passphrase, bytes.fromhex(body["kdf"]["salt"]), kdf)
         seed = AESGCM(key).decrypt(bytes.fromhex(body["nonce"]), bytes.fromhex(body["sealed"]),
                                    public["public_key"].encode())
     except (InvalidTag, KeyError, ValueError, TypeError):
         raise KeyFileError(f"the passphrase does not open the key file {path}") from None
     return Signer(public["name"], public["public_key"], seed)
+
+
+def _refuse_cheap_kdf(path: Path, name: str, kdf: dict) -> None:
+    cheap = [f"{k}={kdf[k]} (floor {floor})" for k, floor in KDF_FLOOR.items() if kdf[k] < floor]
+    if cheap:
+        raise KeyFileError(f"the key file {path} is sealed at an argon2id cost below the floor: {', '.join(cheap)}; "
+                           "a stolen copy of it is cheaper to guess. Fix: ask an admin to re-key it at the current cost "
+                           f"with `mlops registry user passwd {name}`.")

@@ -15,3 +15,4 @@ def register(stages) -> None:
     stages.add_service("registry_present", "registry.resolve:present")
     stages.add_service("packaged_gguf", "registry.integrity:packaged_gguf")
     stages.add_service("record_package", "registry.integrity:record_package")
+    stages.add_service("attest", "registry.attest_store:attest_from_env")

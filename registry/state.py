@@ -37,6 +37,7 @@ class Request:
     decided_by: str | None = None
     decision_comment: str | None = None
     decided_ts: str | None = None
+    decision: dict = field(default_factory=dict)  # the approval's evidence (gates, attestations, the GGUF it fixed)
 
 
 @dataclass
@@ -48,6 +49,10 @@ class VersionState:
     evidence: dict  # what registration recorded: run, content id, profile, snapshot, data run, lineage
     stage_reason: str | None = None
     overrides: list[dict] = field(default_factory=list)
+    # Signed `package` entries ({seq, sha256, quantization, llamacpp_version, by}) and spot-check reviews
+    # ({seq, by, evidence}), oldest first: what the replay re-derives the package and spot-check rules from.
+    packages: list[dict] = field(default_factory=list)
+    reviews: list[dict] = field(default_factory=list)
 
     @property
     def trainer(self) -> str | None:
@@ -125,6 +130,7 @@ def _decide(state: ModelState, e: Entry) -> None:
         if r.seq == request_seq:
             r.status = "approved" if e.action == "approve" else "rejected"
             r.decided_by, r.decision_comment, r.decided_ts = e.actor, e.reason, e.ts
+            r.decision = dict(e.evidence)
 
 
 def _move(state: ModelState, e: Entry) -> None:
@@ -172,13 +178,26 @@ def _canary_stop(state: ModelState, e: Entry) -> None:
     state.canary = None
 
 
+def _package(state: ModelState, e: Entry) -> None:
+    if e.version in state.versions:
+        ev = e.evidence
+        state.versions[e.version].packages.append({"seq": e.seq, "by": e.actor, **{
+            k: ev.get(k) for k in ("sha256", "quantization", "llamacpp_version", "run")}})
+
+
+def _spot_review(state: ModelState, e: Entry) -> None:
+    if e.version in state.versions:
+        state.versions[e.version].reviews.append({"seq": e.seq, "by": e.actor, "evidence": dict(e.evidence)})
+
+
 def _reconcile(state: ModelState, e: Entry) -> None:
     """Reconcile repairs the display copies to the ledger's word; the state itself does not change."""
 
 
 _HANDLERS = {"register": _register, "request": _request, "approve": _decide, "reject": _decide,
              "promote": _move, "rollback": _move, "override": _override, "reconcile": _reconcile,
-             "canary_start": _canary_start, "canary_stop": _canary_stop}
+             "canary_start": _canary_start, "canary_stop": _canary_stop, "package": _package,
+             "spot_check_review": _spot_review}
 
 
 def rollback_target(state: ModelState) -> str | None:

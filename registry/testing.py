@@ -12,8 +12,9 @@ from pathlib import Path
 
 from mlops.lineage import Tag
 
-PASSWORDS = {"admin": "admin-pass-1", "tina": "tina-pass-1", "alice": "alice-pass-1", "bob": "bob-pass-1",
-             "vic": "vic-pass-1"}
+# Each passes the passphrase rule (`mlops.identities.check_password`): 12+ characters, 3 kinds, no user name.
+PASSWORDS = {"admin": "Trust-Root-2026", "tina": "Trainer-Key-2026", "alice": "First-Approver-2026",
+             "bob": "Second-Approver-2026", "vic": "Viewer-Reads-2026"}
 ROLES = {"admin": "admin", "tina": "trainer", "alice": "approver", "bob": "approver", "vic": "viewer"}
 
 
@@ -38,8 +39,31 @@ def signed_in(name: str):
     return authenticate(name, PASSWORDS[name])
 
 
-def data_run(experiment: str = "registry-test", snapshot_id: str = "snap-test", *, admitted_failure: bool = False):
-    """A finished data run whose artifacts hold a snapshot manifest with GE batch results."""
+def attest_as(name: str | None, kind: str, subjects: dict, predicate: dict, subject_key: str,
+              materials: dict | None = None) -> dict | None:
+    """Sign and store a statement as `name` (as the step run signed in as them would); its envelope. Nothing
+    without a name or a registry in the store."""
+    from registry.attest_store import record
+    from registry.attestation import attest
+    from registry.resolve import present
+
+    if not name or not present():
+        return None
+    envelope = attest(signed_in(name).signer, kind, subjects, predicate, materials)
+    record(envelope, kind, subject_key, name)
+    return envelope
+
+
+def version_files(model: str, version: str) -> dict:
+    from registry.audit import model_state
+
+    return model_state(model).versions[str(version)].evidence["files"]
+
+
+def data_run(experiment: str = "registry-test", snapshot_id: str = "snap-test", *, admitted_failure: bool = False,
+             attester: str | None = "tina"):
+    """A finished data run whose artifacts hold a snapshot manifest with GE batch results, attested by
+    `attester` (when a registry is there)."""
     from mlops.tracking import MlflowTracker
 
     batches = [{"batch": 0, "status": "passed", "records": 10}, {"batch": 1, "status": "quarantined",
@@ -50,12 +74,17 @@ def data_run(experiment: str = "registry-test", snapshot_id: str = "snap-test", 
                                   tags={Tag.STAGE: "data", Tag.SNAPSHOT_ID: snapshot_id})
     tracker.log_dict({"snapshot_id": snapshot_id, "batches": batches}, "snapshot/manifest.json")
     tracker.close()
+    attest_as(attester, "data", {snapshot_id: "0" * 64},
+              {"snapshot_id": snapshot_id, "data_run": tracker.run_id, "batches": 2, "passed_batches": 1,
+               "quarantined": 1, "admitted_failures": [0] if admitted_failure else []}, snapshot_id)
     return tracker.run_id
 
 
 def training_run(hf_dir: Path, *, tmp: Path, variant: int, trainer: str | None = "tina",
-                 experiment: str = "registry-test", data_run_id: str | None = None, drop: tuple = ()) -> str:
-    """A finished training run that logged a variant of `hf_dir` (distinct weights per variant) with full lineage."""
+                 experiment: str = "registry-test", data_run_id: str | None = None, drop: tuple = (),
+                 signer: str | None = None) -> str:
+    """A finished training run that logged a variant of `hf_dir` (distinct weights per variant) with full lineage,
+    tagged with `trainer` and attested by `signer` (default: the trainer; "" signs nothing)."""
     from mlops.model_refs import model_content_id
     from mlops.profile import load_profile
     from mlops.tracking import MlflowTracker
@@ -83,13 +112,28 @@ def training_run(hf_dir: Path, *, tmp: Path, variant: int, trainer: str | None =
         tags[Tag.ACTOR] = trainer
     tracker.set_tags({k: v for k, v in tags.items() if k not in drop})
     tracker.close()
+    attest_training_run(tracker.run_id, signer if signer is not None else trainer)
     return tracker.run_id
 
 
+def attest_training_run(run_id: str, name: str | None) -> dict | None:
+    """The training attestation `name` signs over the run's logged model files (what `mlops train run` signs)."""
+    from mlops.files import file_manifest
+    from mlops.model_refs import materialize
+    from registry.entries import digest_of
+
+    if not name:
+        return None
+    files = file_manifest(materialize(f"runs:/{run_id}/model").hf_dir)
+    return attest_as(name, "train", files, {"run_id": run_id}, digest_of(files))
+
+
 def gate_evidence(model: str, version: str, *, passed: bool = True, champion: tuple[str, str] | None = None,
-                  offending: tuple[str, ...] = (), experiment: str = "registry-test") -> str:
+                  offending: tuple[str, ...] = (), experiment: str = "registry-test",
+                  attester: str | None = "alice") -> str:
     """A stored gate report for a version (against `champion` = (version, content id)), and its eval's
-    contamination report, as `mlops eval` + `mlops gate` leave them. Returns the gate run id."""
+    contamination report, as `mlops eval` + `mlops gate` leave them, each attested by `attester` (an identity
+    the default policy names for eval and gate evidence). Returns the gate run id."""
     from mlops.model_refs import describe
     from mlops.tracking import MlflowTracker
 
@@ -107,18 +151,54 @@ def gate_evidence(model: str, version: str, *, passed: bool = True, champion: tu
         Tag.GATE_EVAL: report["result"]})
     gate.log_dict(report, "gate/gate_report.json")
     gate.close()
+    attest_gate_evidence(model, version, ev.run_id, gate.run_id, report, list(offending), attester)
     return gate.run_id
+
+
+def attest_gate_evidence(model: str, version: str, eval_run: str, gate_run: str, report: dict, offending: list,
+                         attester: str | None) -> None:
+    """The eval's and the gate's attestations about the version's registered files, as `attester` signs them."""
+    attest_eval_run(model, version, eval_run, {"status": "checked", "offending": [{"id": i} for i in offending]},
+                    attester)
+    attest_gate_run(model, version, gate_run, eval_run, report, attester)
+
+
+def attest_eval_run(model: str, version: str, eval_run: str, contamination: dict, attester: str | None):
+    """What `mlops eval` signs (`evaluation.runner.attest_eval`), as `attester`."""
+    from registry.audit import model_state
+
+    vs = model_state(model).versions[str(version)]
+    offending = [str(i.get("id")) for i in contamination.get("offending", [])]
+    return attest_as(attester, "eval", vs.evidence["files"], {"eval_run": eval_run, "contamination": {
+        "status": contamination.get("status"), "offending": offending}}, vs.evidence["files_digest"])
+
+
+def attest_gate_run(model: str, version: str, gate_run: str, eval_run: str, report: dict, attester: str | None):
+    """What `mlops gate` signs (`evaluation.gate_run.attest_gate`), as `attester`."""
+    from registry.audit import model_state
+    from registry.entries import digest_of
+
+    vs = model_state(model).versions[str(version)]
+    champion = (report.get("settings") or {}).get("evidence", {}).get("champion") or {}
+    return attest_as(attester, "gate", vs.evidence["files"], {
+        "gate_run": gate_run, "eval_run": eval_run, "result": report["result"], "reasons": report["reasons"],
+        "champion": {"ref": champion.get("ref"), "content_id": champion.get("content_id")},
+        "report_sha256": digest_of(json.loads(json.dumps(report, default=str)))}, vs.evidence["files_digest"])
 
 
 PROMOTE_SCRIPT = """
 import json, sys
+from mlops.errors import AlreadyInForce
 from registry.release import promote
 from registry.testing import signed_in
 from registry.transition import RefusedError
 model, version, to, expected = sys.argv[1:5]
+expected = None if expected == "-" else expected  # "-": no expectation, each process acts on what it finds
 try:
     promote(signed_in("bob"), model, version, to, expect_version=expected)
     print(json.dumps({"version": version, "won": True}))
+except AlreadyInForce as err:
+    print(json.dumps({"version": version, "won": False, "in_force": True, "why": str(err)[:200]}))
 except RefusedError as err:
     print(json.dumps({"version": version, "won": False, "why": str(err)[:200]}))
 """

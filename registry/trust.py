@@ -7,8 +7,11 @@
 - A head the verifier must not go behind: `MLOPS_TRUST_HEAD=<seq>:<hash>` (deployment configuration, for a
   replica started fresh), and the anchor file, the newest head this machine verified. A ledger cut off at its
   end, or rewritten before that point, is refused.
-The key folder may be a read-only secret mount: pins are only read from it, and an anchor that cannot be written
-is kept in this process's memory instead.
+- The newest signed timestamp this machine verified (`<registry id>.timestamp`, `registry.freshness`): a replica
+  never accepts an older one.
+Pin, anchor and seen timestamp are written whole, mode 600, in a folder of mode 700. The key folder may be a
+read-only secret mount: pins are only read from it, and an anchor or timestamp that cannot be written is kept in
+this process's memory instead.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import logging
 import os
 import re
+import secrets
 
 from mlops.errors import MLOpsError
 from mlops.files import exclusive_lock
@@ -74,8 +78,33 @@ def pin_root(registry_id: str, fingerprint: str) -> None:
         raise TrustError(f"'{(fingerprint or '')[:80]}' is not a key fingerprint (ed25519:<64 hex>). Fix: pass the "
                          "one `mlops registry bootstrap` printed.")
     path = root_pin_path(check_registry_id(registry_id, "this store"))
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path.write_text(fingerprint + "\n", encoding="utf-8")
+    private_dir(path.parent)
+    write_private(path, fingerprint + "\n")
+
+
+def private_dir(folder) -> None:
+    """The key folder, created (or tightened, where this user owns it) to mode 700: pins, anchors and seen
+    timestamps are for this user's verifiers alone. A folder that cannot be tightened (a read-only mount) is
+    left as it is."""
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        if folder.stat().st_mode & 0o077:
+            folder.chmod(0o700)
+    except OSError as err:
+        log.debug("key folder %s left at its mode (%s)", folder, err)
+
+
+def write_private(path, text: str) -> None:
+    """`text` into `path`, whole (a temp file renamed over it) and mode 600 from its creation."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def pinned_head() -> tuple[int, str] | None:
@@ -91,7 +120,9 @@ def pinned_head() -> tuple[int, str] | None:
 
 # --------------------------------------------------------------------------- the anchor
 
-_MEMORY: dict[str, tuple[int, str]] = {}  # anchors this process could not write (a read-only key folder)
+# What this process verified, for a read-only key folder: anchors (key: the registry id) and seen timestamps
+# (key: '<registry id>.timestamp'). One dict, so whoever forgets one forgets both.
+_MEMORY: dict[str, tuple] = {}
 
 
 def anchor_path(registry_id: str):
@@ -125,9 +156,8 @@ def advance_anchor(registry_id: str, seq: int, digest: str) -> None:
                 return
             if seen is not None and seen[0] > seq:
                 seq, digest = seen
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"seq": seq, "hash": digest}), encoding="utf-8")
-            os.replace(tmp, path)
+            private_dir(path.parent)
+            write_private(path, json.dumps({"seq": seq, "hash": digest}))
     except OSError as err:  # a read-only secret mount: the anchor lives in this process's memory
         log.debug("anchor %s not written (%s); kept in memory", path, err)
 
@@ -136,5 +166,46 @@ def _read_disk(path) -> tuple[int, str] | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         return int(data["seq"]), str(data["hash"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError, OSError):
+        return None
+
+
+# --------------------------------------------------------------------------- the newest timestamp seen
+
+def timestamp_path(registry_id: str):
+    return key_dir() / f"{registry_id}.timestamp"
+
+
+def seen_timestamp(registry_id: str) -> tuple[str, int, str] | None:
+    """(issued, head seq, head hash) of the newest timestamp statement this machine verified (`registry.freshness`)."""
+    candidates = [t for t in (_MEMORY.get(f"{registry_id}.timestamp"), _read_seen(timestamp_path(registry_id)))
+                  if t is not None]
+    return max(candidates) if candidates else None
+
+
+def remember_timestamp(registry_id: str, issued: str, seq: int, digest: str) -> None:
+    """Remember a verified timestamp; like the anchor it only moves forward, in the file or else in memory."""
+    seen = (issued, seq, digest)
+    key = f"{registry_id}.timestamp"
+    if _MEMORY.get(key) is None or _MEMORY[key] < seen:
+        _MEMORY[key] = seen
+    path = timestamp_path(registry_id)
+    if not path.parent.is_dir():
+        return
+    try:
+        with exclusive_lock(path.with_name(path.name + ".lock")):
+            on_disk = _read_seen(path)
+            if on_disk is not None and on_disk >= seen:
+                return
+            private_dir(path.parent)
+            write_private(path, json.dumps({"issued": issued, "head_seq": seq, "head_hash": digest}))
+    except OSError as err:  # a read-only secret mount: kept in this process's memory
+        log.debug("seen timestamp %s not written (%s); kept in memory", path, err)
+
+
+def _read_seen(path) -> tuple[str, int, str] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return str(data["issued"]), int(data["head_seq"]), str(data["head_hash"])
     except (FileNotFoundError, ValueError, KeyError, TypeError, OSError):
         return None

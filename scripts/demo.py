@@ -25,9 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo_serving import DemoServer, traffic_prompts  # noqa: E402
 
 MODEL = "support-bot"
-TRAINER = {"MLOPS_USER": "ada", "MLOPS_PASSWORD": "ada-demo-pass"}
-APPROVER = {"MLOPS_USER": "grace", "MLOPS_PASSWORD": "grace-demo-pass"}
-ADMIN = {"MLOPS_USER": "admin", "MLOPS_PASSWORD": "admin-demo-pass"}
+# Passphrases the registry accepts (12+ characters, 3 kinds, not the user's name), and no '!' for a shell to expand.
+TRAINER = {"MLOPS_USER": "ada", "MLOPS_PASSWORD": "Lovelace-Demo-1843"}
+APPROVER = {"MLOPS_USER": "grace", "MLOPS_PASSWORD": "Hopper-Demo-1906"}
+ADMIN = {"MLOPS_USER": "admin", "MLOPS_PASSWORD": "Root-Demo-2026"}
+# The evaluation service: a service identity the admin registers. It builds the snapshots and runs evals, gates and
+# shadow reports, and signs each one's attestation; the release policy names it (by role) for that evidence.
+SERVICE = {"MLOPS_USER": "ci-bot", "MLOPS_PASSWORD": "Service-Demo-2026"}
 # The demo's eval config (configs/eval/demo.yaml): 12 items per task, so three evals fit the demo's time, with
 # floors measured on the base model at that limit. `python -m evaluation.calibrate` scores every item.
 PROFILES = {
@@ -88,7 +92,7 @@ def acted(state: dict, action: str, version: str | None = None, to_stage: str | 
 
 def build_snapshot(config: str, name: str, *overrides: str) -> str:
     """A tracked snapshot build under `mlflow run`; the snapshot id comes back from the data run's tags."""
-    mlflow_run("data", config=config, overrides=" ".join([f"run.run_name={name}", *overrides]))
+    mlflow_run("data", env=SERVICE, config=config, overrides=" ".join([f"run.run_name={name}", *overrides]))
     run = latest_run("mlops.stage=data", f"mlflow.runName={name}", having="mlops.data_snapshot_id")
     snapshot = run["tags"]["mlops.data_snapshot_id"]
     sh("mlops", "data", "show", snapshot)
@@ -111,13 +115,13 @@ def train_and_register(p: dict, snapshot: str, name: str, *overrides: str) -> st
 def eval_and_gate(p: dict, version: str) -> bool:
     """Deployment-form eval, then the gate against the champion now (floors and must_beat without one)."""
     overrides = " ".join(p["eval"])
-    mlflow_run("eval", env=TRAINER, model=f"models:/{MODEL}/{version}", suites="general,business",
+    mlflow_run("eval", env=SERVICE, model=f"models:/{MODEL}/{version}", suites="general,business",
                config=EVAL_CONFIG, overrides=overrides)
     # The release form is a quantized GGUF on llama.cpp: the quantization gate also needs the version as trained.
-    mlflow_run("eval_reference", env=TRAINER, model=f"models:/{MODEL}/{version}", suites="general,business",
+    mlflow_run("eval_reference", env=SERVICE, model=f"models:/{MODEL}/{version}", suites="general,business",
                config=EVAL_CONFIG, overrides=overrides)
     # The gate counts only evals of the same suites and limit as its own config: the same config and overrides.
-    gate = mlflow_run("gate", env=TRAINER, check=False, challenger=f"models:/{MODEL}/{version}",
+    gate = mlflow_run("gate", env=SERVICE, check=False, challenger=f"models:/{MODEL}/{version}",
                       champion=f"models:/{MODEL}@production", config=EVAL_CONFIG, overrides=overrides)
     print(f"gate of v{version}: {'passed' if gate.returncode == 0 else 'FAILED (the report above says why)'}")
     return gate.returncode == 0
@@ -145,7 +149,7 @@ def release(p: dict, version: str, state: dict, *, first: bool) -> None:
         sh("mlops", "registry", "override", MODEL, version, "--gate", "shadow", "--reason",
            "first release: no champion serves traffic yet to shadow", env=ADMIN)
     if not first:  # the shadow gate reads the stored report: the serving stage's comparison of the shadow's answers
-        sh("mlops", "shadow", "report", MODEL, version)
+        sh("mlops", "shadow", "report", MODEL, version, env=SERVICE)
     if not any(r.get("version") == version for r in state.get("pending", [])):
         sh("mlops", "registry", "request", MODEL, version, "--to", "production", "--comment",
            f"round {'1' if first else '2'} of the demo", env=TRAINER, check=False)
@@ -154,7 +158,7 @@ def release(p: dict, version: str, state: dict, *, first: bool) -> None:
     sh("mlops", "registry", "promote", MODEL, version, "--to", "production", env=APPROVER)
 
 
-PEOPLE = {"ada": ("trainer", TRAINER), "grace": ("approver", APPROVER)}
+PEOPLE = {"ada": ("trainer", TRAINER), "grace": ("approver", APPROVER), "ci-bot": ("service", SERVICE)}
 
 
 def set_up_registry() -> None:
@@ -218,7 +222,7 @@ def main() -> None:
             server.wait_for_shadow(v2)
             server.send(traffic_prompts(p["shadow_requests"], offset=4), max_tokens=p["max_tokens"], feedback=True)
             server.wait_for_shadow_rows(v2, p["shadow_requests"])
-            sh("mlops", "shadow", "report", MODEL, v2)
+            sh("mlops", "shadow", "report", MODEL, v2, env=SERVICE)
             eval_and_gate(p, v2)
             step(f"8. release v{v2}: spot-check against v{v1} by grace, approve, promote; the server switches")
             release(p, v2, state, first=False)

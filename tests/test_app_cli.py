@@ -80,7 +80,7 @@ def test_preflight_names_the_stores_the_app_will_use(mlops_home):
     from app.cli import preflight
     from registry.identities import bootstrap
 
-    bootstrap("admin", "admin-pass-1", policy={})
+    bootstrap("admin", "Trust-Root-2026", policy={})
     where = preflight()
     assert where["tracking"] == f"sqlite:///{mlops_home}/.mlops/mlflow.db" == where["ledger"]
     assert where["identities"] == "1 in the ledger"

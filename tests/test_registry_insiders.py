@@ -324,14 +324,17 @@ def test_reconcile_that_restores_a_deleted_alias_reports_it_and_exits_0(reg):
     assert str(client().get_model_version_by_alias("bot", "production").version) == "1"
 
 
-def test_a_version_trained_with_no_identity_is_its_registrars_to_answer_for(reg, tiny_model, tmp_path):
+def test_a_version_nobody_attested_training_is_refused_and_an_admin_override_excludes_the_admin(reg, tiny_model,
+                                                                                                 tmp_path):
     from registry.audit import model_state
     from registry.release import decide, register, request
     from registry.testing import training_run
 
     run_id = training_run(Path(tiny_model["path"]), tmp=tmp_path / "anon", variant=7, trainer=None)
-    version = register(reg["who"]["admin"], run_id, "bot")  # the admin registers a run that names no trainer
-    assert model_state("bot").versions[version].trainer == "admin"
+    with pytest.raises(RefusedError, match="has no training attestation"):
+        register(reg["who"]["admin"], run_id, "bot")  # even the admin: a run names no proven trainer
+    version = register(reg["who"]["admin"], run_id, "bot", unattested_reason="trained before attestations")
+    assert model_state("bot").versions[version].trainer is None
     request(reg["who"]["tina"], "bot", version, "production", "anonymous run")
-    with pytest.raises(RefusedError, match="four-eyes rule: 'admin' trained and registered"):
+    with pytest.raises(RefusedError, match="four-eyes rule: 'admin' registered"):
         decide(reg["who"]["admin"], "bot", version, "mine", approve=True)

@@ -71,13 +71,13 @@ def test_an_identities_file_named_by_the_environment_creates_nobody(reg, tmp_pat
 
     mine = tmp_path / "mine.yaml"
     mine.write_text(json.dumps({"users": {"grace": {"role": "admin",
-                                                    "password_hash": PasswordHasher().hash("grace-pass-1")}}}))
+                                                    "password_hash": PasswordHasher().hash("Hopper-Key-1906")}}}))
     monkeypatch.setenv("MLOPS_IDENTITIES", str(mine))
     with pytest.raises(AuthError, match="unknown user or wrong password"):
-        authenticate("grace", "grace-pass-1")
+        authenticate("grace", "Hopper-Key-1906")
     code, _, err = run_cli("registry", "user", "add", "grace", "--role", "approver",
-                           env={"MLOPS_USER": "grace", "MLOPS_PASSWORD": "grace-pass-1",
-                                "MLOPS_NEW_PASSWORD": "grace-pass-2"})
+                           env={"MLOPS_USER": "grace", "MLOPS_PASSWORD": "Hopper-Key-1906",
+                                "MLOPS_NEW_PASSWORD": "Hopper-Key-1907"})
     assert code == 3 and "authentication failed" in err
 
 
@@ -86,14 +86,14 @@ def test_adding_a_user_is_a_ledgered_admin_act_and_bootstrap_happens_once(reg):
     from registry.identities import add_user, bootstrap
 
     with pytest.raises(AuthError, match="may not manage users"):
-        add_user(reg["who"]["tina"], "eve", "admin", "eve-pass-123")
+        add_user(reg["who"]["tina"], "eve", "admin", "Listens-In-2026")
     code, out, _ = run_cli("registry", "user", "add", "grace", "--role", "approver",
-                           env={**as_user("admin"), "MLOPS_NEW_PASSWORD": "grace-pass-1"})
+                           env={**as_user("admin"), "MLOPS_NEW_PASSWORD": "Hopper-Key-1906"})
     assert code == 0, out
     added = [e for e in ledger.entries() if e.action == "user_add" and e.evidence["name"] == "grace"]
     assert added and added[0].actor == "admin"
     with pytest.raises(Exception, match="already holds a registry"):
-        bootstrap("mallory", "mallory-pass-1", policy={})
+        bootstrap("mallory", "Second-Root-2026", policy={})
 
 
 def test_the_release_policy_comes_from_the_ledger_not_the_environment_or_the_folder(reg, tmp_path, monkeypatch):

@@ -9,9 +9,8 @@ import pytest
 
 from mlops.identities import AuthError
 from registry.identities import set_policy
+from registry.testing import PASSWORDS
 from registry.transition import RefusedError
-
-PASSWORDS = {"alice": "alice-pass-1", "bob": "bob-pass-1", "admin": "admin-pass-1"}
 
 
 def policy_file(tmp: Path, **spot) -> Path:

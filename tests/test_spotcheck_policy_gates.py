@@ -20,9 +20,13 @@ def policy(tmp: Path, **registry) -> Path:
 
 @pytest.fixture
 def reg(mlops_home, tiny_model, tmp_path, monkeypatch):
-    """v1 in production; v2 approved for production with eval evidence; the policy requires 5 shadowed requests."""
+    """v1 in production; v2 approved for production with eval evidence; the policy requires 5 shadowed requests.
+    Shadow reports are stored by alice, signed in: an identity the policy names for shadow evidence."""
     from registry.release import decide
-    from registry.testing import challenger_requested
+    from registry.testing import as_user, challenger_requested
+
+    for key, value in as_user("alice").items():
+        monkeypatch.setenv(key, value)
 
     who = challenger_requested(Path(tiny_model["path"]), tmp=tmp_path, comment="shadowed for a day")
     decide(who["alice"], "bot", "2", "fine by me", approve=True)  # approval before the policy changed

@@ -38,6 +38,8 @@ def run_training(cfg, *, nproc: int = 1, smoke: bool = False):
     """The CLI's core: returns the TrainResult (as a dict for multi-process runs)."""
     from training.stopping import graceful_signals
 
+    from training.attest import attest_training
+
     if nproc < 1:
         raise MLOpsError(f"--nproc must be at least 1, got {nproc}. Fix: pass --nproc 1 or more.")
     if nproc == 1 and not cfg.train.deepspeed.hostfile:
@@ -47,10 +49,13 @@ def run_training(cfg, *, nproc: int = 1, smoke: bool = False):
         with graceful_signals(grace=cfg.train.checkpoint.grace_seconds if cfg.train else None):
             try:
                 prep = prepare(cfg, 1, smoke=smoke)
-                return train(cfg, prepared=prep).as_dict()
+                result = train(cfg, prepared=prep).as_dict()
             finally:
                 shutdown_world()
-    return launch(cfg, nproc, smoke)
+    else:
+        result = launch(cfg, nproc, smoke)
+    attest_training(result)  # the trainer signs what the run produced (registration needs it)
+    return result
 
 
 class WorkerError(MLOpsError):

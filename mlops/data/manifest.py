@@ -125,6 +125,26 @@ def log_build(tracker: Any, result: Any) -> None:
     for report in sorted(result.path.glob("quarantine/batches/*/validation.json")):  # GE results of refused batches
         tracker.log_artifact(report, f"snapshot/gate/{report.parent.name}")
     tracker.log_input(m.get("name", "snapshot"), result.snapshot_id, str(result.path), context="data_build")
+    attest_build(tracker.run_id, result)
+
+
+def attest_build(run_id: str, result: Any) -> str | None:
+    """The builder signs what the data gate reads: the snapshot (its manifest's sha256) and its GE batch results
+    (the registry's `attest` service; nothing is signed without one, or without an identity)."""
+    from mlops.files import file_sha256
+    from mlops.stages import service
+
+    attest = service("attest")
+    if attest is None:
+        return None
+    batches = result.manifest.get("batches", [])
+    predicate = {"snapshot_id": result.snapshot_id, "data_run": run_id, "batches": len(batches),
+                 "passed_batches": sum(b.get("status") == "passed" for b in batches),
+                 "quarantined": sum(b.get("status") == "quarantined" for b in batches),
+                 "admitted_failures": [b.get("batch") for b in batches if b.get("status") not in ("passed", "quarantined")
+                                       or (b.get("status") == "passed" and b.get("failed"))]}
+    return attest("data", {result.snapshot_id: file_sha256(result.path / "manifest.json")}, predicate,
+                  subject_key=result.snapshot_id)
 
 
 def describe(manifest: dict) -> str:

@@ -41,9 +41,12 @@ class StageTrainer:
         return prep
 
     def train(self, cfg, tracker, report):
+        from training.attest import attest_training
         from training.trainer import train
 
-        return train(cfg, tracker, report=report, prepared=self._prepared(cfg, smoke=False))
+        result = train(cfg, tracker, report=report, prepared=self._prepared(cfg, smoke=False))
+        attest_training(result.as_dict())  # whoever runs the sweep signs each trial's output (registration needs it)
+        return result
 
     def smoke(self, cfg, tracker):
         """The training stage's smoke run (`mlops train run --smoke true`): a few dozen steps that must lower

@@ -71,8 +71,16 @@ def check_packaged(target: Path, model_path: Path, quantization: str, llamacpp_v
     from mlops.files import file_sha256
 
     record = packaged_record(model_path, quantization)
-    if record is None or record.get("llamacpp_version") != llamacpp_version:
+    if record is None:
         return target
+    if record.get("llamacpp_version") != llamacpp_version:
+        # Never a skipped check: a file made by another llama.cpp cannot be the packaged bytes.
+        raise PackageMismatch(
+            f"version {record['model']}/{record['version']} was released as a GGUF made by llama.cpp "
+            f"{str(record.get('llamacpp_version'))[:40]} (ledger entry #{record['seq']}), but {target} comes from "
+            f"llama.cpp {llamacpp_version}: it is not the released artifact, and it is not loaded. Fix: serve with "
+            "the packaged file (a server fetches it from its package run when its llama.cpp matches), or install "
+            f"llama.cpp {str(record.get('llamacpp_version'))[:40]} on this host.")
     actual = file_sha256(target)
     if actual != record["sha256"]:
         raise PackageMismatch(
