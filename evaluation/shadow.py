@@ -13,7 +13,6 @@ answered) is the number of shadowed requests that count as evidence.
 from __future__ import annotations
 
 import json
-
 import re
 import statistics
 import time

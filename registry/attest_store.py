@@ -81,9 +81,7 @@ def stored(kind: str, subject_key: str, *, url: str | None = None, limit: int = 
 
     import sqlalchemy as sa
 
-    from registry.ledger import db_errors, reader
-
-    from registry.ledger import ledger_url
+    from registry.ledger import db_errors, ledger_url, reader
 
     db = ledger_url(url)
     query = (sa.select(TABLE.c.envelope).where(TABLE.c.kind == kind, TABLE.c.subject_key == subject_key)

@@ -191,7 +191,8 @@ def timestamp(as_json: bool = JsonOpt) -> None:
     """Verify the ledger, then sign a timestamp over its head as MLOPS_USER (a role registry.freshness.signer_roles
     names; admin by default), valid for registry.freshness.hours. Run it from cron well within that: with it set,
     every read and act refuses a ledger no unexpired timestamp vouches for. Not a ledger entry."""
-    from registry.freshness import signing, stamp
+    from registry.freshness import signing
+    from registry.timestamp import stamp
 
     with signing():  # signing in reads the ledger too: an expired timestamp must not stop its renewal
         actor = _actor(None)

@@ -83,9 +83,9 @@ def issue_key(registry_id: str, name: str, passphrase: str, *, public_key: str |
 def bootstrap(admin: str, password: str, *, policy: dict, url: str | None = None) -> list:
     """Create the registry in an empty store: tables, the first admin's key (the pinned trust root on this
     machine), the admin and the release policy in force."""
+    from registry.attest_store import create_table
     from registry.ledger import create_registry, ledger_url
     from registry.signing import fingerprint, unlock, user_key_path
-    from registry.attest_store import create_table
     from registry.spotcheck_store import create_tables
     from registry.transition import Plan, run
     from registry.trust import pin_root

@@ -8,9 +8,9 @@ promotion stands on are re-derived by `registry.derive`. No I/O here.
 from __future__ import annotations
 
 from mlops.identities import PERMISSIONS
+from registry.derive import required_gates
 from registry.entries import Entry, digest_of
 from registry.state import ALIAS_OF_STAGE, DISPLACED_TO, TRANSITIONS, ModelState
-from registry.derive import required_gates
 from registry.world import World, attested
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from mlops.identities import PERMISSIONS, ROLES
 from registry.entries import GOVERNANCE, Entry
+from registry.model_rules import MODEL_RULES, four_eyes_conflicts, released_gguf  # noqa: F401 - the rules' API
 from registry.refusal import RefusedError  # noqa: F401 - where callers import it from
 from registry.signing import fingerprint, statement, verify
-from registry.model_rules import MODEL_RULES, four_eyes_conflicts, released_gguf  # noqa: F401 - the rules' API
 from registry.state import apply
 from registry.world import User, World, attested  # noqa: F401 - the rules' API
 

@@ -82,8 +82,8 @@ def test_a_gate_report_nobody_permitted_attested_is_no_evidence_whoever_wrote_it
 
 def test_an_approval_signed_by_hand_claiming_a_failed_gate_passed_is_refused_by_the_replay(reg):
     from registry import ledger
-    from registry.gates import attestations, evaluate_gates
     from registry.audit import model_state
+    from registry.gates import attestations, evaluate_gates
     from registry.release import request
     from registry.testing import gate_evidence
     from registry.transition import Plan, run
@@ -179,16 +179,23 @@ def test_a_registration_borrowing_a_gated_models_content_id_is_refused(reg):
     assert _snapshot() == before
 
 
-def test_promote_and_rollback_evidence_must_say_what_the_ledger_says(reg):
-    from registry.audit import model_state
-    from registry.release import plan_promote, request, decide
+def _approved_v2(who) -> None:
+    """v2 with attested gate evidence against v1, requested by tina and approved by alice."""
+    from registry.release import decide, request
     from registry.testing import gate_evidence
-    from registry.transition import Plan, run
 
-    who = reg["who"]
     gate_evidence("bot", "2", champion=("1", _champion_content()))
     request(who["tina"], "bot", "2", "production", "ready")
     decide(who["alice"], "bot", "2", "fine", approve=True)
+
+
+def test_promote_and_rollback_evidence_must_say_what_the_ledger_says(reg):
+    from registry.audit import model_state
+    from registry.release import plan_promote
+    from registry.transition import Plan, run
+
+    who = reg["who"]
+    _approved_v2(who)
     honest = plan_promote(who["bob"], model_state("bot"), "bot", "2", "production").entries[0]
     before = _snapshot()
     for bad, match in (({"displaced": None}, "displaced"), ({"displaced_to": "candidate"}, "displaced"),
@@ -200,16 +207,13 @@ def test_promote_and_rollback_evidence_must_say_what_the_ledger_says(reg):
 
 
 def test_a_canary_must_end_at_its_start_plus_its_seconds(reg):
+    import time
+
     from registry.audit import model_state
-    from registry.release import decide, request
-    from registry.testing import gate_evidence
     from registry.transition import Plan, run
 
     who = reg["who"]
-    gate_evidence("bot", "2", champion=("1", _champion_content()))
-    request(who["tina"], "bot", "2", "production", "ready")
-    decide(who["alice"], "bot", "2", "fine", approve=True)
-    import time
+    _approved_v2(who)
 
     state = model_state("bot")
     limits = {"max_error_rate": 0.02, "max_p95_ratio": 1.5, "min_requests": 20}
@@ -233,8 +237,8 @@ def _package(who, version: str, sha: str, name: str = "tina"):
 
 
 def test_a_trainer_cannot_package_a_released_version_nor_sign_one_by_hand(reg):
-    from registry.audit import model_state
     from registry.attestation import attest
+    from registry.audit import model_state
     from registry.transition import Plan, run
 
     who = reg["who"]
@@ -310,3 +314,46 @@ def test_an_attestation_is_an_in_toto_statement_in_a_dsse_envelope_signed_by_its
         open_envelope(tampered, state.users, attestors_of(state.policy), "gate")
     with pytest.raises(AttestationProblem, match="not urn:mlops:attestation:eval:v1"):
         open_envelope(envelope, state.users, attestors_of(state.policy), "eval")
+
+
+def test_the_cli_refuses_an_unattested_run_and_only_an_admin_may_override(reg):
+    from registry.testing import as_user, run_cli, training_run
+
+    anonymous = training_run(reg["hf"], tmp=reg["tmp"] / "cli", variant=11, trainer=None)
+    before = _snapshot()
+    code, _, err = run_cli("registry", "register", "--run", anonymous, "--name", "bot", env=as_user("tina"))
+    assert code == 2 and "has no training attestation" in err and "--unattested-reason" in err, err
+    code, _, err = run_cli("registry", "register", "--run", anonymous, "--name", "bot", "--unattested-reason",
+                           "trust me", env=as_user("tina"))
+    assert code == 3 and "may not override" in err, err
+    assert _snapshot() == before
+    code, out, err = run_cli("registry", "register", "--run", anonymous, "--name", "bot", "--unattested-reason",
+                             "trained before attestations", "--json", env=as_user("admin"))
+    assert code == 0 and json.loads(out)["stage"] == "candidate", err
+
+
+def test_an_attestation_row_written_by_sql_without_a_permitted_signature_is_no_evidence(reg):
+    import base64
+
+    import sqlalchemy as sa
+
+    from registry import ledger
+    from registry.attest_store import TABLE, usable
+    from registry.attestation import statement
+    from registry.audit import model_state
+    from registry.derive import attestors_of
+
+    state = model_state("bot")
+    vs = state.versions["2"]
+    stmt = statement("gate", vs.evidence["files"], {"result": "passed", "gate_run": "x", "eval_run": "y",
+                                                    "champion": {"content_id": state.versions["1"].content_id}})
+    fingerprint = reg["who"]["alice"].signer.fingerprint  # alice's keyid, but not alice's signature
+    forged = {"payload": base64.b64encode(json.dumps(stmt).encode()).decode(),
+              "payloadType": "application/vnd.in-toto+json",
+              "signatures": [{"keyid": fingerprint, "sig": base64.b64encode(b"\0" * 64).decode()}]}
+    with ledger.engine().begin() as conn:
+        conn.execute(TABLE.insert().values(id="f" * 64, kind="gate", subject_key=vs.evidence["files_digest"],
+                                           signer="alice", created="9999-01-01T00:00:00Z",
+                                           envelope=json.dumps(forged)))
+        assert conn.execute(sa.select(sa.func.count()).select_from(TABLE)).scalar() > 0
+    assert usable("gate", vs.evidence["files_digest"], state.users, attestors_of(state.policy)) == []

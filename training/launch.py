@@ -36,9 +36,8 @@ def shutdown_world() -> None:
 
 def run_training(cfg, *, nproc: int = 1, smoke: bool = False):
     """The CLI's core: returns the TrainResult (as a dict for multi-process runs)."""
-    from training.stopping import graceful_signals
-
     from training.attest import attest_training
+    from training.stopping import graceful_signals
 
     if nproc < 1:
         raise MLOpsError(f"--nproc must be at least 1, got {nproc}. Fix: pass --nproc 1 or more.")
