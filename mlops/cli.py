@@ -80,7 +80,7 @@ def tracking_reap(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Mark RUNNING runs whose process is gone (on this host) or whose heartbeat stopped as KILLED."""
-    from mlops.reaper import reap
+    from mlops.tracking import reap
 
     reaped = reap(stale_after=stale_after, dry_run=dry_run)
     if as_json:

@@ -32,6 +32,10 @@ class NotFoundError(MLOpsError):
     """A named thing (model, snapshot, suite, ...) does not exist."""
 
 
+class WorkerDied(MLOpsError):
+    """A worker process died (killed by the OS, out of memory, a crash in native code)."""
+
+
 class AlreadyInForce(MLOpsError):
     """The act asked for is already in force (the version already holds the alias); nothing was written.
 

@@ -48,6 +48,6 @@ class HFChatModel(mlflow.pyfunc.PythonModel):
 
 def hf_folder_in(model_dir: Path) -> Path:
     """The HF folder inside a downloaded MLflow model directory (or the folder itself if it is one)."""
-    from mlops.model_refs import find_hf_folder
+    from mlops.hf_folder import find_hf_folder
 
     return find_hf_folder(Path(model_dir), depth=0)

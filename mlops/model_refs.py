@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from mlops.errors import NotFoundError
+from mlops.hf_folder import find_hf_folder
 from mlops.lineage import Tag
 from mlops.tracking import call, client, is_missing, unavailable
 
@@ -272,23 +273,6 @@ def model_key(model: ModelDescription | ResolvedModel) -> str:
 def with_tags(model, **version_tags: str):
     """A copy of a description or resolved model with extra version tags (after tagging it in the store)."""
     return replace(model, version_tags={**model.version_tags, **version_tags})
-
-
-def find_hf_folder(root: Path, depth: int = 3) -> Path:
-    """The HF folder inside a downloaded model tree (the pyfunc layout puts it under artifacts/)."""
-    root = Path(root)
-    if (root / "config.json").exists():
-        return root
-    for candidate in [*sorted((root / "artifacts").glob("*/")), root / "hf"]:
-        if (candidate / "config.json").exists():
-            return candidate
-    if depth > 0 and root.is_dir():
-        for child in sorted(p for p in root.iterdir() if p.is_dir()):
-            try:
-                return find_hf_folder(child, depth - 1)
-            except FileNotFoundError:
-                continue
-    raise FileNotFoundError(f"no HF model folder (config.json) inside {root}")
 
 
 def download(uri: str) -> Path:

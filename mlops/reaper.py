@@ -3,12 +3,13 @@
 A run belongs to the process named by its `mlops.host`/`mlops.pid`/`mlops.process_start` tags. On this host a
 run is dead when that process no longer exists (or the pid was reused by a younger process). On any host a run
 whose `mlops.heartbeat` is older than `stale_after` seconds is dead too: long runs beat, so a silent one is gone.
+
+This module only judges (from tags, without the store); `mlops.tracking.reap` reads the store's RUNNING runs and
+marks the dead ones KILLED, since tracking is the one module that talks to the store and reaps when a run starts.
 """
 
 from __future__ import annotations
 
-import socket
-import time
 from dataclasses import dataclass
 
 from mlops.lineage import Tag
@@ -53,26 +54,3 @@ def death_reason(tags: dict[str, str], host: str, now: float, stale_after: float
     if process_alive(pid, started):
         return None
     return f"its process {pid} on {host} is gone"
-
-
-def reap(*, stale_after: float | None = 600.0, dry_run: bool = False) -> list[Reaped]:
-    """Mark this store's dead RUNNING runs KILLED; returns what was (or, dry, would be) reaped."""
-    from mlops.tracking import call, client, mark_killed
-
-    c = client()
-    experiments = [e.experiment_id for e in call("experiments", c.search_experiments)]
-    if not experiments:
-        return []
-    running = call("running runs", lambda: c.search_runs(experiments, "attributes.status = 'RUNNING'",
-                                                         max_results=5000))
-    host, now, out = socket.gethostname(), time.time(), []
-    for run in running:
-        reason = death_reason(run.data.tags, host, now, stale_after)
-        if reason is None:
-            continue
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-        full = f"reaped at {stamp}: {reason}; the run cannot finish (resume it by rerunning the same command)"
-        if not dry_run:
-            mark_killed(run.info.run_id, full)
-        out.append(Reaped(run.info.run_id, run.info.experiment_id, full))
-    return out

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from mlops.errors import MLOpsError, NotFoundError, TrackingError
 from mlops.lineage import Tag
 from mlops.paths import mlops_dir
+from mlops.reaper import Reaped, death_reason
 
 RUN_ID_ENV = "MLFLOW_RUN_ID"
 URI_ENV = "MLFLOW_TRACKING_URI"
@@ -354,6 +355,27 @@ def mark_killed(run_id: str, reason: str, uri: str | None = None) -> None:
     client.set_terminated(run_id, status="KILLED")
 
 
+def reap(*, stale_after: float | None = 600.0, dry_run: bool = False) -> list[Reaped]:
+    """Mark this store's dead RUNNING runs KILLED; returns what was (or, dry, would be) reaped."""
+    c = client()
+    experiments = [e.experiment_id for e in call("experiments", c.search_experiments)]
+    if not experiments:
+        return []
+    running = call("running runs", lambda: c.search_runs(experiments, "attributes.status = 'RUNNING'",
+                                                         max_results=5000))
+    host, now, out = socket.gethostname(), time.time(), []
+    for run in running:
+        reason = death_reason(run.data.tags, host, now, stale_after)
+        if reason is None:
+            continue
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+        full = f"reaped at {stamp}: {reason}; the run cannot finish (resume it by rerunning the same command)"
+        if not dry_run:
+            mark_killed(run.info.run_id, full)
+        out.append(Reaped(run.info.run_id, run.info.experiment_id, full))
+    return out
+
+
 _REAPED = False
 
 
@@ -364,8 +386,6 @@ def reap_once() -> None:
         return
     _REAPED = True
     try:
-        from mlops.reaper import reap
-
         reap()
     except Exception as err:  # noqa: BLE001 - housekeeping must never stop the stage that starts
         import logging

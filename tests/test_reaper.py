@@ -27,8 +27,7 @@ def dead_process_tags() -> dict:
 
 
 def test_reap_marks_a_run_whose_process_died_killed_with_the_reason(mlops_home):
-    from mlops.reaper import reap
-    from mlops.tracking import client, process_tags
+    from mlops.tracking import client, process_tags, reap
 
     dead = running_run(dead_process_tags())
     alive = running_run(process_tags())
@@ -42,8 +41,7 @@ def test_reap_marks_a_run_whose_process_died_killed_with_the_reason(mlops_home):
 
 
 def test_a_reused_pid_is_not_mistaken_for_the_runs_process(mlops_home):
-    from mlops.reaper import reap
-    from mlops.tracking import process_tags
+    from mlops.tracking import process_tags, reap
 
     tags = process_tags()
     tags[Tag.PROCESS_START] = f"{float(tags[Tag.PROCESS_START]) - 3600:.2f}"  # same pid, an older process
@@ -52,7 +50,7 @@ def test_a_reused_pid_is_not_mistaken_for_the_runs_process(mlops_home):
 
 
 def test_a_run_whose_heartbeat_stopped_is_reaped_from_any_host(mlops_home):
-    from mlops.reaper import reap
+    from mlops.tracking import reap
 
     stale = running_run({Tag.HOST: "other-node", Tag.PID: "1", Tag.HEARTBEAT: str(time.time() - 3600)})
     fresh = running_run({Tag.HOST: "other-node", Tag.PID: "1", Tag.HEARTBEAT: str(time.time())})

@@ -116,8 +116,7 @@ def finish(run):
     from mlops.lineage import Tag
     from mlops.model_refs import model_content_id
     from mlops.profile import PROFILE_FILE, load_profile
-    from training.prepare import FINAL
-    from training.trainer import TrainResult
+    from training.results import FINAL, TrainResult
 
     prep, t, tracker = run.prep, run.t, run.tracker
     ckpt = run.saver.last_complete

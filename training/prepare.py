@@ -12,9 +12,9 @@ from pathlib import Path
 
 from mlops.errors import ConfigError, MLOpsError
 from training.config import ADAPTER_MODES, RESUME_NONE
+from training.results import FINAL
 
 log = logging.getLogger(__name__)
-FINAL = "final.json"
 SMOKE_DIR = "smoke"
 
 
@@ -183,8 +183,6 @@ def _pick_resume(prep: Prepared) -> None:
         try:
             found = select_resume(prep.ckpt_dir)
         except CorruptCheckpoints as err:
-            from training.runs import fail_runs
-
             fail_runs({f["run_id"] for f in err.failures if f.get("run_id")}, str(err))
             raise
         if found is None:
@@ -222,6 +220,19 @@ def _check_world_size(prep: Prepared) -> None:
             f"global batch ({prep.global_batch}). Fix: set train.global_batch_size={m.get('global_batch')} so the "
             "batch stays the same at any world size."
         )
+
+
+def fail_runs(run_ids: set[str], reason: str) -> None:
+    """Mark runs whose checkpoints all failed verification FAILED (unless they finished)."""
+    from mlops.tracking import MlflowTracker
+
+    for run_id in run_ids:
+        try:
+            tracker = MlflowTracker.existing(run_id)
+            if tracker.status() != "FINISHED":
+                tracker.close("FAILED", reason=reason[:4000])
+        except Exception as err:  # noqa: BLE001 - the refusal itself must still reach the user
+            log.warning("could not mark run %s failed: %s", run_id, err)
 
 
 def estimate_counts(base_path: str, t):

@@ -18,7 +18,8 @@ import threading
 import time
 from pathlib import Path
 
-from training.prepare import FINAL, Prepared
+from training.prepare import Prepared
+from training.results import FINAL
 
 log = logging.getLogger(__name__)
 RUN_ID_ENV = "MLOPS_TRAIN_RUN_ID"  # set by the multi-process launcher so every rank joins one run
@@ -122,19 +123,6 @@ def close_if_running(run_id: str, status: str, reason: str) -> bool:
         return False
 
 
-def fail_runs(run_ids: set[str], reason: str) -> None:
-    """Mark runs whose checkpoints all failed verification FAILED (unless they finished)."""
-    from mlops.tracking import MlflowTracker
-
-    for run_id in run_ids:
-        try:
-            tracker = MlflowTracker.existing(run_id)
-            if tracker.status() != "FINISHED":
-                tracker.close("FAILED", reason=reason[:4000])
-        except Exception as err:  # noqa: BLE001 - the refusal itself must still reach the user
-            log.warning("could not mark run %s failed: %s", run_id, err)
-
-
 def run_name(cfg) -> str:
     """A training run's name in the MLflow UI: `run.run_name`, else by stage, mode and base model."""
     return cfg.run.run_name or f"train-{cfg.train.mode}-{cfg.base_model}"
@@ -142,7 +130,7 @@ def run_name(cfg) -> str:
 
 def already_done(prep: Prepared, tracker, rank: int):
     from mlops.lineage import Tag
-    from training.trainer import TrainResult
+    from training.results import TrainResult
 
     done = prep.completed
     result = TrainResult(done["run_id"], "FINISHED", done["steps"], done.get("metrics", {}),

@@ -15,12 +15,11 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from training.config import ADAPTER_MODES
 from training.guards import SpikeRule, TrainingStopped
 from training.prepare import Prepared, prepare
+from training.results import TrainResult
 from training.runs import Heartbeat, already_done, open_tracker
 from training.stopping import Preempted
 from training.trace import TRACE, TraceLog
@@ -34,23 +33,6 @@ class StopTraining(Exception):
 
 class SimulatedCrash(BaseException):
     """train.debug.crash_after_step: leave like a killed process (no cleanup, run left RUNNING)."""
-
-
-@dataclass
-class TrainResult:
-    run_id: str
-    status: str  # FINISHED, FAILED or STOPPED
-    steps: int
-    metrics: dict = field(default_factory=dict)  # loss, val_loss, val_perplexity, tokens_seen, ...
-    model_dir: Path | None = None
-    model_uri: str | None = None
-    checkpoint: Path | None = None
-    stopped: bool = False
-    reason: str | None = None
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
 
 
 def train(cfg, tracker=None, *, report: Callable[[int, dict], None] | None = None,

@@ -11,29 +11,11 @@ from pathlib import Path
 import typer
 
 from mlops.cli_options import ConfigOpt, OverridesArg, load
+from mlops.data.tracked_build import run_build
 
 app = typer.Typer(help="Data snapshots: build, show, verify, list; sample data; harvest feedback.",
                   no_args_is_help=True)
 RootOpt = typer.Option(None, "--root", help="snapshots folder (default .mlops/snapshots)")
-
-
-def run_build(cfg, *, force: bool = False):
-    """The build as a tracked run with lineage tags; returns the BuildResult. SIGTERM ends it as KILLED, and
-    runs a SIGKILLed build left RUNNING on this host are marked KILLED first (every stage run records its host
-    and process, and the reaper runs when a stage starts: mlops.reaper)."""
-    from mlops.config import config_hash
-    from mlops.data.build import build_snapshot, sigterm_raises
-    from mlops.lineage import Tag, collect_lineage, enforce_release
-    from mlops.tracking import tracked_run
-
-    with sigterm_raises():
-        lineage = collect_lineage(config_hash(cfg), cfg.run.seed, base_model=cfg.base_model,
-                                  extra={Tag.STAGE: "data"})
-        enforce_release(lineage, cfg.run.release)
-        with tracked_run(cfg.run.experiment, run_name=cfg.run.run_name or f"data-{cfg.data.name}",
-                         tags=lineage.as_tags()) as tracker:
-            result = build_snapshot(cfg, tracker, force=force)
-            return result, tracker.run_id
 
 
 @app.command("build")

@@ -13,13 +13,16 @@ import re
 import unicodedata
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
-from mlops.data.config import FilterConfig
 from mlops.data.records import Record
 from mlops.plugins import Registry
 
 Verdict = tuple[bool, str]
-Filter = Callable[[Record, FilterConfig], Verdict]
+# `cfg` is the `data.filters` section (mlops.data.config.FilterConfig), not imported here: the config checks its
+# step names against FILTERS and its languages against LANGUAGES, so the config imports this module, not back.
+FilterSettings = Any
+Filter = Callable[[Record, FilterSettings], Verdict]
 FILTERS: Registry[Filter] = Registry("quality filter")
 OK: Verdict = (True, "")
 
@@ -34,7 +37,7 @@ def words(text: str) -> list[str]:
 
 
 @FILTERS.register("empty_assistant")
-def empty_assistant(record: Record, cfg: FilterConfig) -> Verdict:
+def empty_assistant(record: Record, cfg: FilterSettings) -> Verdict:
     if record.kind == "text":
         return OK
     turns = [m for m in record.messages if m["role"] == "assistant"]
@@ -46,7 +49,7 @@ def empty_assistant(record: Record, cfg: FilterConfig) -> Verdict:
 
 
 @FILTERS.register("length")
-def length(record: Record, cfg: FilterConfig) -> Verdict:
+def length(record: Record, cfg: FilterSettings) -> Verdict:
     n = len(record.text)
     if n < cfg.min_chars:
         return False, "too_short"
@@ -62,7 +65,7 @@ def url_ratio(text: str) -> float:
 
 
 @FILTERS.register("url_ratio")
-def url_filter(record: Record, cfg: FilterConfig) -> Verdict:
+def url_filter(record: Record, cfg: FilterSettings) -> Verdict:
     return (False, "url_ratio") if url_ratio(record.text) > cfg.max_url_ratio else OK
 
 
@@ -84,7 +87,7 @@ def symbol_ratio(text: str) -> float:
 
 
 @FILTERS.register("symbol_ratio")
-def symbol_filter(record: Record, cfg: FilterConfig) -> Verdict:
+def symbol_filter(record: Record, cfg: FilterSettings) -> Verdict:
     return (False, "symbol_ratio") if symbol_ratio(record.text) > cfg.max_symbol_ratio else OK
 
 
@@ -99,7 +102,7 @@ def repeated_ngram_ratio(text: str, n: int) -> float:
 
 
 @FILTERS.register("repeated_ngrams")
-def repeated_filter(record: Record, cfg: FilterConfig) -> Verdict:
+def repeated_filter(record: Record, cfg: FilterSettings) -> Verdict:
     ratio = repeated_ngram_ratio(record.text, cfg.repeated_ngram)
     return (False, "repeated_ngrams") if ratio > cfg.max_repeated_ngram_ratio else OK
 
@@ -124,7 +127,7 @@ def mixed_language_ratio(text: str) -> float:
 
 
 @FILTERS.register("mixed_language")
-def mixed_language(record: Record, cfg: FilterConfig) -> Verdict:
+def mixed_language(record: Record, cfg: FilterSettings) -> Verdict:
     ratio = mixed_language_ratio(record.text)
     return (False, "mixed_language") if ratio > cfg.max_mixed_language_ratio else OK
 
@@ -140,7 +143,7 @@ SHORT_REQUEST = re.compile(
 
 
 @FILTERS.register("short_answer")
-def short_answer(record: Record, cfg: FilterConfig) -> Verdict:
+def short_answer(record: Record, cfg: FilterSettings) -> Verdict:
     """Every assistant turn says something: "Ok", "Yes." and "Sure thing" teach nothing, unless the turn before
     asked for a short answer (a label, an extracted value, yes or no)."""
     if record.kind == "text":
@@ -174,7 +177,7 @@ def blob_chars(text: str) -> tuple[int, int]:
 
 
 @FILTERS.register("encoded_blob")
-def encoded_blob(record: Record, cfg: FilterConfig) -> Verdict:
+def encoded_blob(record: Record, cfg: FilterSettings) -> Verdict:
     text = record.text
     if not text:
         return OK
@@ -197,7 +200,7 @@ def markup_ratio(text: str) -> float:
 
 
 @FILTERS.register("markup")
-def markup(record: Record, cfg: FilterConfig) -> Verdict:
+def markup(record: Record, cfg: FilterSettings) -> Verdict:
     return (False, "markup") if markup_ratio(record.text) > cfg.max_markup_ratio else OK
 
 
@@ -217,7 +220,7 @@ def char_repetition_ratio(text: str) -> float:
 
 
 @FILTERS.register("char_repetition")
-def char_repetition(record: Record, cfg: FilterConfig) -> Verdict:
+def char_repetition(record: Record, cfg: FilterSettings) -> Verdict:
     return (False, "char_repetition") if char_repetition_ratio(record.text) > cfg.max_char_repetition_ratio else OK
 
 
@@ -266,7 +269,7 @@ def foreign_share(text: str, allowed: list[str], min_confidence: float) -> float
 
 
 @FILTERS.register("language")
-def language(record: Record, cfg: FilterConfig) -> Verdict:
+def language(record: Record, cfg: FilterSettings) -> Verdict:
     if not cfg.languages:
         return OK
     if foreign_share(record.text, cfg.languages, cfg.min_language_confidence) > 0.5:
@@ -275,7 +278,7 @@ def language(record: Record, cfg: FilterConfig) -> Verdict:
 
 
 @FILTERS.register("blocklist")
-def blocklist(record: Record, cfg: FilterConfig) -> Verdict:
+def blocklist(record: Record, cfg: FilterSettings) -> Verdict:
     """A listed sensitive term or regex anywhere in the record (mlops.data.blocklist); off without a list."""
     if cfg.blocklist is None:
         return OK
@@ -285,7 +288,7 @@ def blocklist(record: Record, cfg: FilterConfig) -> Verdict:
     return (False, "blocklist") if listed.find(record.text) is not None else OK
 
 
-def steps_of(cfg: FilterConfig) -> list[str]:
+def steps_of(cfg: FilterSettings) -> list[str]:
     """The configured steps; a set blocklist runs first when `blocklist` is not listed (what must never be
     trained on is named as such, whatever else is wrong with the record)."""
     if cfg.blocklist is not None and "blocklist" not in cfg.steps:
@@ -293,7 +296,7 @@ def steps_of(cfg: FilterConfig) -> list[str]:
     return cfg.steps
 
 
-def run_filters(record: Record, cfg: FilterConfig) -> Verdict:
+def run_filters(record: Record, cfg: FilterSettings) -> Verdict:
     """The first failing step decides; a record that passes every step is kept."""
     for name in steps_of(cfg):
         ok, reason = FILTERS.get(name)(record, cfg)

@@ -55,7 +55,7 @@ def accept(folder: Path = typer.Argument(..., help="the increment's folder"),
     if not build:
         typer.echo(f"build it with: mlops data harvest accept {folder} --build --config <yaml> --history <snapshot>")
         return
-    from mlops.data.cli import run_build
+    from mlops.data.tracked_build import run_build
 
     cfg = increment_config(load(config, overrides), folder, history=history, ratio=ratio, domain=domain)
     result, run_id = run_build(cfg)

@@ -21,11 +21,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from mlops.errors import MLOpsError
-
-
-class WorkerDied(MLOpsError):
-    """A worker process died (killed by the OS, out of memory, a crash in native code)."""
+from mlops.errors import WorkerDied
 
 PARENT_POLL_S = 1.0
 

@@ -35,8 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from mlops.data.config import RayConfig
-from mlops.data.parallel import WorkerDied
-from mlops.errors import MLOpsError
+from mlops.errors import MLOpsError, WorkerDied
 
 LOG = logging.getLogger(__name__)
 POLL_S = 0.5  # how often a wait for a result looks at the head

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from serving.engine import ENGINES, Engine, EngineSpec
+from serving.engine_types import ENGINES, Engine, EngineSpec
 
 
 @ENGINES.register("hf")

@@ -7,7 +7,7 @@ import json
 import time
 from collections.abc import Callable
 
-from serving.engine import Delta, Generated, GenerationHandle
+from serving.engine_types import Delta, Generated, GenerationHandle
 
 
 def stream_generation(client, path: str, body: dict, handle: GenerationHandle, on_text: Callable | None,

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from serving.engine import (
+from serving.engine_types import (
     REPLACEMENT,
     Delta,
     EngineClosed,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from serving.engine import Delta
+from serving.engine_types import Delta
 from serving.engines.hf.detokenize import IncrementalText
 
 
@@ -93,7 +93,7 @@ class Row:
             self.job.on_text(delta)
 
     def result(self):
-        from serving.engine import Generated
+        from serving.engine_types import Generated
 
         if not self.cut:  # an incomplete character at the very end is kept as the decoder gives it
             self.text += self.decoder.flush()

@@ -23,7 +23,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from serving.engine import (
+from serving.engine_types import (
     EngineClosed,
     EngineSpec,
     GenerationHandle,
@@ -218,7 +218,7 @@ class Engine:
 
     def _intake(self, block: bool) -> bool:
         """Move new jobs into the worker's queues; False once closed and idle."""
-        from serving.engine import settle
+        from serving.engine_types import settle
         from serving.engines.hf.decoding import Row
 
         while True:

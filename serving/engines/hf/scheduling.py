@@ -12,7 +12,7 @@ import logging
 import time
 from collections import deque
 
-from serving.engine import settle
+from serving.engine_types import settle
 from serving.engines.hf.decoding import Batch
 from serving.engines.hf.scoring import forward_score
 
@@ -257,6 +257,6 @@ def _trim(scored, top_k: int):
     if all(t is None or len(t) <= top_k for t in scored.top_logprobs):
         return scored
     tops = [None if t is None else dict(list(t.items())[:top_k]) for t in scored.top_logprobs]
-    from serving.engine import Scored
+    from serving.engine_types import Scored
 
     return Scored(scored.tokens, scored.token_logprobs, tops)

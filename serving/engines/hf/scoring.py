@@ -7,7 +7,7 @@ def forward_score(engine, prompts: list[list[int]], top_k: int) -> list:
     """`Scored` per prompt: a logprob for every prompt token after the first, plus one greedy next token."""
     import torch
 
-    from serving.engine import Scored
+    from serving.engine_types import Scored
 
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), engine.pad_id, dtype=torch.long)

@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from serving.engine import (
+from serving.engine_types import (
     REPLACEMENT,
     Delta,
     EngineClosed,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from serving.engine import Scored
+from serving.engine_types import Scored
 
 
 class PromptScorer:
