@@ -99,18 +99,16 @@ def stored(kind: str, subject_key: str, *, url: str | None = None, limit: int = 
     return out
 
 
-def usable(kind: str, subject_key: str, users: dict, attestors: dict | None, *, url: str | None = None) -> list:
+def usable(kind: str, subject_key: str, users: dict, attestors: dict | None, *, url: str | None = None):
     """The stored attestations of `kind` about `subject_key` that verify and whose signer the policy names,
-    newest first, as (Attestation, envelope) pairs."""
+    newest first, as (Attestation, envelope) pairs. Lazy: a reader that wants the newest opens one envelope."""
     from registry.attestation import AttestationProblem, open_envelope
 
-    out = []
     for envelope in stored(kind, subject_key, url=url):
         try:
-            out.append((open_envelope(envelope, users, attestors, kind), envelope))
+            yield open_envelope(envelope, users, attestors, kind), envelope
         except AttestationProblem as why:
             log.debug("a stored %s attestation about %s is no evidence: %s", kind, subject_key[:12], why)
-    return out
 
 
 def signed_in() -> bool:

@@ -64,12 +64,15 @@ def attested_evidence(state, vs) -> dict[str, tuple]:
     found = {}
     for kind, key in (("data", vs.evidence.get("snapshot_id") or ""), ("gate", files_key), ("eval", files_key),
                       ("shadow", files_key)):
-        pairs = usable(kind, key, state.users, attestors)
-        if kind == "eval" and "gate" in found:
-            stood_on = found["gate"][0].predicate.get("eval_run")
-            pairs = [pair for pair in pairs if pair[0].predicate.get("eval_run") == stood_on] or pairs
-        if pairs:
-            found[kind] = pairs[0]
+        stood_on = found["gate"][0].predicate.get("eval_run") if kind == "eval" and "gate" in found else None
+        newest = None
+        for pair in usable(kind, key, state.users, attestors):
+            newest = newest or pair
+            if stood_on is None or pair[0].predicate.get("eval_run") == stood_on:
+                newest = pair  # the eval the gate stood on, else the newest eval
+                break
+        if newest:
+            found[kind] = newest
     return found
 
 

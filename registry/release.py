@@ -113,15 +113,15 @@ def _training_proof(state: ModelState, run_id: str, files_digest: str, unatteste
 
     if unattested_reason is not None:
         return {"trainer": None, "unattested": {"reason": unattested_reason}}
-    found = [(att, env) for att, env in usable("train", files_digest, state.users, attestors_of(state.policy))
-             if att.predicate.get("run_id") == run_id]
-    if not found:
+    found = next(((att, env) for att, env in usable("train", files_digest, state.users, attestors_of(state.policy))
+                  if att.predicate.get("run_id") == run_id), None)
+    if found is None:
         raise RefusedError(f"run {run_id} has no training attestation: nobody the release policy names for training "
                            "signed its output, so nobody is known to have trained it and four-eyes could not "
                            "exclude them. Nothing was registered. Fix: train it signed in (MLOPS_USER and "
                            "MLOPS_PASSWORD set for `mlops train run`), or an admin registers it with "
                            "`--unattested-reason \"...\"` (ledgered and shown forever).")
-    att, envelope = found[0]
+    att, envelope = found
     return {"trainer": att.signer, "attestations": {"train": envelope}}
 
 

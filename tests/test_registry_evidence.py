@@ -356,4 +356,4 @@ def test_an_attestation_row_written_by_sql_without_a_permitted_signature_is_no_e
                                            signer="alice", created="9999-01-01T00:00:00Z",
                                            envelope=json.dumps(forged)))
         assert conn.execute(sa.select(sa.func.count()).select_from(TABLE)).scalar() > 0
-    assert usable("gate", vs.evidence["files_digest"], state.users, attestors_of(state.policy)) == []
+    assert list(usable("gate", vs.evidence["files_digest"], state.users, attestors_of(state.policy))) == []
