@@ -209,21 +209,35 @@ def run_eval(cfg, ref: str, *, suites: list[str] | str | None = None, profile_pa
         if not forced:  # a forced-profile eval is labelled, never recorded as the version's evidence
             set_version_tags(model, {Tag.EVAL_REFERENCE_RUN if reference else Tag.EVAL_RUN: run.run_id})
     if not forced:
-        attest_eval(model, run.run_id, doc, contamination, reference=reference)
+        attest_eval(model, run.run_id, doc, contamination, reference=reference, profile=profile)
     return EvalOutcome(run.run_id, model.key, scores, doc, wall, contamination)
 
 
-def attest_eval(model, run_id: str, doc: dict, contamination: dict | None, *, reference: bool) -> str | None:
-    """Whoever ran the eval signs its scores and contamination report about the version's registered files."""
-    from registry.attest_store import attest_version
+def attest_eval(model, run_id: str, doc: dict, contamination: dict | None, *, reference: bool,
+                profile=None) -> str | None:
+    """Whoever ran the eval signs its scores and contamination report about the version's registered files, and
+    the GGUF it served (the signed package in force, which the engine loads and checks; none: a local conversion
+    or an hf form): an approval fixes exactly that artifact for serving."""
+    from registry.attest_store import attest_version, signed_in
     from registry.entries import digest_of
 
     offending = [str(i.get("id")) for i in (contamination or {}).get("offending", [])]
     predicate = {"eval_run": run_id, "model_key": model.key, "summary_sha256": digest_of(doc),
                  "contamination": {"status": (contamination or {}).get("status", "not_run"), "offending": offending},
-                 "report_sha256": digest_of(contamination) if contamination is not None else None}
+                 "report_sha256": digest_of(contamination) if contamination is not None else None,
+                 "gguf": served_gguf(model, profile) if signed_in() else None}  # unsigned: nothing to fix
     return attest_version("eval_reference" if reference else "eval", getattr(model, "name", None),
                           getattr(model, "version", None), predicate)
+
+
+def served_gguf(model, profile) -> dict | None:
+    """{sha256, quantization} of the packaged GGUF a llama.cpp release form serves; None for any other form."""
+    if profile is None or profile.engine != "llamacpp" or not profile.quantization:
+        return None
+    from registry.integrity import packaged_gguf
+
+    record = packaged_gguf(model.key, profile.quantization)  # what the engine loads, and checks on every load
+    return {"sha256": record["sha256"], "quantization": profile.quantization} if record else None
 
 
 def contamination_tags(report: dict) -> dict[str, str]:

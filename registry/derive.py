@@ -85,6 +85,20 @@ def gates_problem(users: dict, policy: dict | None, state, vs, evidence: dict) -
         passed, why = verdicts.get(gate, (False, "not derived"))
         if not passed and gate not in overridden and "all" not in overridden:
             return f"the {gate} gate does not pass on the evidence it names: {why}"
+    return _judged_gguf_problem(users, policy, vs, evidence) if "gguf" in evidence else None
+
+
+def _judged_gguf_problem(users: dict, policy: dict | None, vs, evidence: dict) -> str | None:
+    """An approval fixes the GGUF the eval judged: one packaged after the eval (or another one) was never
+    evaluated in its release form."""
+    ev, _ = opened(users, policy, (evidence.get("attestations") or {}).get("eval"), "eval", vs.evidence.get("files"))
+    if ev is None or "gguf" not in ev.predicate:
+        return None  # no eval that says which artifact it served (an hf release form)
+    judged = (ev.predicate.get("gguf") or {}).get("sha256")
+    fixed = (evidence.get("gguf") or {}).get("sha256")
+    if judged != fixed:
+        return (f"it fixes GGUF {str(fixed)[:12]} for serving, but the eval it stands on (run "
+                f"{ev.predicate.get('eval_run')}) served {str(judged)[:12]}: re-run the eval on the packaged GGUF")
     return None
 
 

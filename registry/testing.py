@@ -163,14 +163,16 @@ def attest_gate_evidence(model: str, version: str, eval_run: str, gate_run: str,
     attest_gate_run(model, version, gate_run, eval_run, report, attester)
 
 
-def attest_eval_run(model: str, version: str, eval_run: str, contamination: dict, attester: str | None):
-    """What `mlops eval` signs (`evaluation.runner.attest_eval`), as `attester`."""
+def attest_eval_run(model: str, version: str, eval_run: str, contamination: dict, attester: str | None,
+                    **served) -> dict | None:
+    """What `mlops eval` signs (`evaluation.runner.attest_eval`), as `attester`; `gguf=` names the GGUF it served
+    (a llama.cpp release form), left out for an hf one."""
     from registry.audit import model_state
 
     vs = model_state(model).versions[str(version)]
     offending = [str(i.get("id")) for i in contamination.get("offending", [])]
     return attest_as(attester, "eval", vs.evidence["files"], {"eval_run": eval_run, "contamination": {
-        "status": contamination.get("status"), "offending": offending}}, vs.evidence["files_digest"])
+        "status": contamination.get("status"), "offending": offending}, **served}, vs.evidence["files_digest"])
 
 
 def attest_gate_run(model: str, version: str, gate_run: str, eval_run: str, report: dict, attester: str | None):

@@ -5,11 +5,11 @@ What a timestamp is, and how every read judges it, is `registry.freshness`; this
 
 from __future__ import annotations
 
+from registry import freshness  # its clock is read at each call (tests move it)
 from registry.freshness import (
     COMMAND,
     DEFAULT_HOURS,
     KEEP,
-    _now,
     _recorded,
     create_table,
     iso,
@@ -42,7 +42,7 @@ def stamp(actor, url: str | None = None) -> dict:
     if user.role not in policy.signer_roles:
         raise AuthError(f"'{user.name}' has role '{user.role}'; registry.freshness.signer_roles lets only {roles} "
                         f"sign timestamps. Nothing was signed. Fix: run `{COMMAND}` as an identity of role {roles}.")
-    now = _now()
+    now = freshness._now()
     hours = policy.hours if policy.hours is not None else DEFAULT_HOURS
     body = {"registry_id": chain.registry_id, "head_seq": chain.head_seq, "head_hash": chain.head_hash,
             "issued": iso(now), "expires": iso(now + hours * 3600), "signer": user.name}

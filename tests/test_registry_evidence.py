@@ -275,6 +275,29 @@ def test_an_approval_fixes_the_gguf_and_a_later_package_needs_a_new_approval(reg
     assert packaged_gguf(content, "q8_0")["sha256"] == "c" * 64  # a candidate serves its newest package
 
 
+def test_an_approval_fixes_only_the_gguf_its_eval_served(reg):
+    from mlops.lineage import Tag
+    from mlops.run_store import get_run
+    from registry.release import decide, request
+    from registry.testing import attest_eval_run, gate_evidence
+
+    who = reg["who"]
+    gate_run = gate_evidence("bot", "2", champion=("1", _champion_content()))
+    eval_run = get_run(gate_run).data.tags[Tag.EVAL_RUN]
+    # The eval served no package (a local conversion); a package signed after it was never judged in release form.
+    attest_eval_run("bot", "2", eval_run, {"status": "checked", "offending": []}, "alice", gguf=None)
+    _package(who, "2", "d" * 64)
+    request(who["tina"], "bot", "2", "production", "ready")
+    before = _snapshot()
+    with pytest.raises(RefusedError, match="fixes GGUF dddddddddddd for serving, but the eval it stands on"):
+        decide(who["alice"], "bot", "2", "fine", approve=True)
+    assert _snapshot() == before
+    # The eval re-run on the packaged GGUF: the approval fixes it.
+    attest_eval_run("bot", "2", eval_run, {"status": "checked", "offending": []}, "alice",
+                    gguf={"sha256": "d" * 64, "quantization": "q8_0"})
+    assert decide(who["alice"], "bot", "2", "fine", approve=True).evidence["gguf"]["sha256"] == "d" * 64
+
+
 def test_a_gguf_from_another_llamacpp_version_is_a_clear_error_never_a_skipped_check(monkeypatch, tmp_path):
     from serving.engines.llamacpp import artifact
 
