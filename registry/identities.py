@@ -84,6 +84,7 @@ def bootstrap(admin: str, password: str, *, policy: dict, url: str | None = None
     """Create the registry in an empty store: tables, the first admin's key (the pinned trust root on this
     machine), the admin and the release policy in force."""
     from registry.attest_store import create_table
+    from registry.freshness import create_table as create_timestamp_table
     from registry.ledger import create_registry, ledger_url
     from registry.signing import fingerprint, unlock, user_key_path
     from registry.spotcheck_store import create_tables
@@ -96,7 +97,7 @@ def bootstrap(admin: str, password: str, *, policy: dict, url: str | None = None
     registry_id = create_registry(db)
     create_tables(db)
     create_table(db)
-    __import__("registry.freshness").freshness.create_table(db)  # the signed timestamps' table
+    create_timestamp_table(db)
     public = issue_key(registry_id, admin, password)
     pin_root(registry_id, fingerprint(public))
     actor = Identity(admin, "admin", signer=unlock(user_key_path(registry_id, admin), password))

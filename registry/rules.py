@@ -72,6 +72,7 @@ def advance(world: World, e: Entry) -> None:
             world.users.pop(ev.get("name"), None)
         elif e.action == "policy":
             world.policy = ev.get("policy")
+            world.evidence_rules = world.evidence_rules or "attestors" in (world.policy or {})
         return
     state = world.model(e.model)
     apply(state, e)
@@ -127,5 +128,14 @@ def _user_remove(world: World, e: Entry) -> str | None:
     return "an admin may not remove themselves" if name == e.actor else None
 
 
-GOVERNANCE_RULES = {"policy": lambda w, e: None if isinstance(e.evidence.get("policy"), dict) else "no policy",
+def _policy(world: World, e: Entry) -> str | None:
+    policy = e.evidence.get("policy")
+    if not isinstance(policy, dict):
+        return "no policy"
+    if attested(world) and "attestors" not in policy:
+        return "it records no attestors, which would switch off the evidence rules this registry holds"
+    return None
+
+
+GOVERNANCE_RULES = {"policy": _policy,
                     "user_add": _user_add, "user_update": _user_update, "user_remove": _user_remove}

@@ -26,6 +26,9 @@ class World:
     policy: dict | None = None
     models: dict[str, ModelState] = field(default_factory=dict)
     count: int = 0
+    # Set by the first recorded policy that names attestors, and never unset: a later policy without them cannot
+    # switch the evidence rules off (an admin's downgrade is refused as any other broken rule would be).
+    evidence_rules: bool = False
 
     def model(self, name: str) -> ModelState:
         if name not in self.models:
@@ -36,4 +39,4 @@ class World:
 def attested(world: World) -> bool:
     """Whether the evidence rules hold: from the first recorded policy that names attestors on (every registry
     bootstrapped since; an older one once its admin records a policy again)."""
-    return isinstance(world.policy, dict) and "attestors" in world.policy
+    return world.evidence_rules

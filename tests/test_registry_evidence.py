@@ -380,3 +380,17 @@ def test_an_attestation_row_written_by_sql_without_a_permitted_signature_is_no_e
                                            envelope=json.dumps(forged)))
         assert conn.execute(sa.select(sa.func.count()).select_from(TABLE)).scalar() > 0
     assert list(usable("gate", vs.evidence["files_digest"], state.users, attestors_of(state.policy))) == []
+
+
+def test_an_admin_cannot_switch_the_evidence_rules_off_with_a_policy_that_names_no_attestors(reg):
+    from registry.config import recorded_policy
+    from registry.ledger import verified
+    from registry.transition import Plan, run
+
+    policy = {k: v for k, v in recorded_policy(verified().entries).items() if k != "attestors"}
+    entry = dict(actor="admin", action="policy", model="(registry)", reason="back to trusting claims",
+                 evidence={"policy": policy})
+    before = _snapshot()
+    with pytest.raises(RefusedError, match="would switch off the evidence rules"):
+        run("(registry)", lambda s: Plan(entries=[entry]), actor=reg["who"]["admin"])
+    assert _snapshot() == before
