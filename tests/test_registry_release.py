@@ -363,7 +363,7 @@ def test_a_locked_sqlite_database_refuses_the_transition_cleanly(reg, monkeypatc
     flush_display()  # the fixture's own acts leave display tags to write; they must not meet the lock below
     monkeypatch.setenv("MLFLOW_SQLALCHEMYSTORE_POOLCLASS", "NullPool")
     monkeypatch.setenv("MLOPS_SQLITE_BUSY_TIMEOUT", "2")  # the refusal, not 30 s of waiting, is under test
-    monkeypatch.setattr("registry.ledger._ENGINES", {})
+    monkeypatch.setattr("registry.db._ENGINES", {})
     path = str(Path(reg["tmp"]) / "home" / ".mlops" / "mlflow.db")
     blocker = sqlite3.connect(path, timeout=1, isolation_level=None)
     blocker.execute("BEGIN EXCLUSIVE")
