@@ -176,7 +176,7 @@ def _alias_move(state: ModelState, e: Entry) -> str | None:
     return None
 
 
-def _evidence_of_move(world: World, state: ModelState, e: Entry, displaced_to: str | None) -> str | None:
+def _evidence_of_move(state: ModelState, e: Entry, displaced_to: str | None) -> str | None:
     """A move's evidence says what the replayed state says: whom it displaced, where to, which aliases it freed."""
     current = state.aliases.get(e.alias or "")
     released = sorted(a for a, v in state.aliases.items() if v == str(e.version) and a != e.alias)
@@ -195,7 +195,7 @@ def _promote(world: World, e: Entry) -> str | None:
     if bad:
         return bad
     if attested(world):
-        bad = _evidence_of_move(world, state, e, DISPLACED_TO.get(e.to_stage or ""))
+        bad = _evidence_of_move(state, e, DISPLACED_TO.get(e.to_stage or ""))
         if bad:
             return bad
     if e.to_stage != "production":
@@ -216,7 +216,7 @@ def _rollback(world: World, e: Entry) -> str | None:
         return bad or f"version {e.version} is not registered"
     if vs.stage != "archived" or str(e.version) not in state.production_stack:
         return f"version {e.version} is {vs.stage}: a rollback brings back a former champion only"
-    return _evidence_of_move(world, state, e, "rolled_back") if attested(world) else None
+    return _evidence_of_move(state, e, "rolled_back") if attested(world) else None
 
 
 def _canary_start(world: World, e: Entry) -> str | None:
