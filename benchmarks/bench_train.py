@@ -33,6 +33,11 @@ the bytes of every live tensor storage of the rank (found through the garbage co
 after the last step's validation: weights or their ZeRO-3 shards, optimizer state and fp32 master copies, and
 any gradient buffers DeepSpeed keeps between steps.
 
+6. Training as a service (benchmarks/train_ray.py): step time under Ray Train against `mlops train run` on the
+   same machine (goal <= 1.05x), submit to first step, and a lost node to training again.
+7. DPO against SFT (benchmarks/train_dpo.py): step time and peak memory of a DPO step (LoRA: reference with the
+   adapters off; full: reference precomputed) against an SFT step, each beside its plan.
+
 The load average is printed before and after: trust only runs that started quiet.
 """
 
@@ -491,7 +496,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--skip-smollm2", action="store_true", help="skip the SmolLM2 LoRA MFU line")
-    parser.add_argument("--parts", default="step,checkpoint,resilience,mfu,matrix", help="which measurements to run")
+    parser.add_argument("--parts", default="step,checkpoint,resilience,mfu,matrix,ray,dpo",
+                        help="which measurements to run")
+    parser.add_argument("--ray-steps", type=int, default=60, help="steps of each Ray Train job (section 6)")
     parser.add_argument("--matrix-steps", type=int, default=8, help="steps per row of the memory matrix")
     parser.add_argument("--matrix-json", type=Path, help="write the matrix's measurements here (JSON)")
     parser.add_argument("--replan", type=Path, help="print a saved --matrix-json against the current planner; no run")
@@ -543,6 +550,14 @@ def run_parts(parts: set[str], args, base: list[str], snap: str, cache: Path, tm
                                             "train.micro_batch_size=2", "train.grad_accum=1", "train.max_steps=8",
                                             "run.log_every=2", "train.final_model=false", "train.progress=false",
                                             "train.eval_samples=4"], tmp)
+    if "dpo" in parts:
+        from benchmarks.train_dpo import bench_dpo
+
+        bench_dpo(base, args.steps, tmp)
+    if "ray" in parts:
+        from benchmarks.train_ray import bench_ray
+
+        bench_ray(base, args.ray_steps, tmp)
     if "matrix" in parts:
         # Global batch 8 at 2 ranks: micro 4 x accum 1 per rank (the tiny model), micro 2 x accum 2 (SmolLM2).
         saved = args.matrix_json or tmp / "matrix.json"

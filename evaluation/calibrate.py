@@ -102,9 +102,9 @@ def stored_tuned_model(eval_run_id: str) -> tuple[str, dict, dict]:
 def train_demo_candidate(home: Path) -> dict:
     """The demo's steps 3-4: round-1 sample, snapshot from configs/data/sample.yaml, LoRA training."""
     from mlops.config import load_config
-    from mlops.data.cli import run_build
     from mlops.data.decontam import resolve_eval_sets
     from mlops.data.sample import generate
+    from mlops.data.tracked_build import run_build
     from training.launch import run_training
 
     files, _ = resolve_eval_sets(["evaluation/suites/**/*.jsonl"], home)

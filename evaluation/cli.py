@@ -114,9 +114,27 @@ def shadow_report(
     typer.echo(json.dumps(report, indent=2) if as_json else render(report) + f"\n(stored as run {report['run_id']})")
 
 
+def pair_suite(
+    snapshot: str = typer.Option(..., "--snapshot", help="the DPO round's preference snapshot (its validation pairs "
+                                 "are held out)"),
+    out: Path = typer.Option(..., "--out", help="folder to write the `pairs` suite into (then eval.suite_paths)"),
+    base_model: str = typer.Option(..., "--base-model", help="base model (catalog name or folder) whose tokenizer "
+                                   "built the snapshot"),
+    limit: int | None = typer.Option(None, "--limit", help="at most this many pairs"),
+) -> None:
+    """Write a preference snapshot's held-out pairs as the `pairs` eval suite (task pairs_heldout, metric acc)."""
+    from evaluation.pairs import TASK, write_pair_suite
+    from mlops.base_models import ensure_base_model
+
+    folder = write_pair_suite(snapshot, out, tokenizer_path=ensure_base_model(base_model)["path"], limit=limit)
+    typer.echo(f"wrote suite pairs ({TASK}) to {folder}\nevaluate with: eval.suites=[general,business,pairs] "
+               f"eval.suite_paths=[{out}]; gate with eval.gate.must_improve=[{TASK}]")
+
+
 def register(app: typer.Typer) -> None:
-    """Add `shadow`, `eval`, `gate` and `contamination` to the top-level app."""
+    """Add `shadow`, `eval`, `gate`, `contamination` and `pair-suite` to the top-level app."""
     app.add_typer(shadow_app, name="shadow")
+    app.command("pair-suite")(pair_suite)
     app.command("eval")(eval_command)
     app.command("gate")(gate)
     app.command("contamination")(contamination)

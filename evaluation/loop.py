@@ -3,7 +3,12 @@
 A round opens when the recorded release policy (`registry.loop`) says so, for any of:
 - increment: the harvested, reviewed increment (`mlops data harvest`) holds `min_increment` accepted records;
 - alert: `mlops monitor` raises an alert on the model (when `on_alert`);
-- age: the production version has held production for longer than `max_age_days`.
+- age: the production version has held production for longer than `max_age_days`;
+- pairs (`mode: dpo` or `auto`): the harvested, reviewed preference pairs (`mlops data harvest --pairs` into the
+  same increment folder) number `min_pairs` accepted.
+What the round trains follows `registry.loop.mode`: sft (the accepted corrections, as chat records), dpo (the
+accepted pairs: a preference snapshot, then `train.objective=dpo` from the production version's weights, whose
+reference is those same weights), or auto (dpo once `min_pairs` pairs are accepted, else sft).
 An open round builds the next snapshot from the accepted records, mixed with the production version's own
 snapshot (`history_ratio`) and deduplicated against it (the build's history mode, as `mlops data harvest accept
 --build`), and, when `launch_training` is on, launches the training run through MLflow Projects (`mlproject`,
@@ -40,6 +45,9 @@ class LoopInputs:
     production_since: float | None = None
     age_days: float | None = None
     history_snapshot: str | None = None
+    pairs: int = 0  # reviewed preference pairs accepted: what a DPO round learns from
+    pairs_pending: int = 0
+    objective: str = "sft"  # what the round trains (round_objective), set once the round opens
     alerts: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -47,7 +55,11 @@ class LoopInputs:
 def decide(inputs: LoopInputs, policy) -> list[str]:
     """Why a round opens now (empty: it does not): the policy's rules over the inputs."""
     reasons = []
-    if inputs.accepted >= policy.min_increment:
+    mode = policy.mode
+    if mode in ("dpo", "auto") and inputs.pairs >= policy.min_pairs:
+        reasons.append(f"pairs: {inputs.pairs} accepted preference pairs >= registry.loop.min_pairs "
+                       f"{policy.min_pairs}")
+    if mode != "dpo" and inputs.accepted >= policy.min_increment:
         reasons.append(f"increment: {inputs.accepted} accepted records >= registry.loop.min_increment "
                        f"{policy.min_increment}")
     if policy.on_alert and inputs.alerts:
@@ -57,6 +69,24 @@ def decide(inputs: LoopInputs, policy) -> list[str]:
         reasons.append(f"age: v{inputs.production} has been in production {inputs.age_days:.1f} days > "
                        f"registry.loop.max_age_days {policy.max_age_days:g}")
     return reasons
+
+
+def round_objective(inputs: LoopInputs, policy) -> str:
+    """sft or dpo: what an open round trains, by `registry.loop.mode`."""
+    mode = policy.mode
+    if mode == "auto":
+        return "dpo" if inputs.pairs >= policy.min_pairs else "sft"
+    return mode
+
+
+def count_pairs(increment: Path) -> tuple[int, int]:
+    """(accepted pairs, pending pairs) of the increment's harvested pairs (none harvested: 0, 0)."""
+    from mlops.data.harvest_pairs import PAIRS, read_pairs
+
+    if not (increment / PAIRS).is_file():
+        return 0, 0
+    rows = [row for _, row in read_pairs(increment)]
+    return sum(r.get("accepted") is True for r in rows), sum(r.get("accepted") is None for r in rows)
 
 
 def count_increment(increment: Path) -> tuple[int, int, str | None]:
@@ -76,11 +106,18 @@ def check(model: str, increment: Path | str, *, policy, inputs: LoopInputs, buil
     """The decision, and what it did: build the next snapshot and (policy permitting) launch its training."""
     reasons = decide(inputs, policy)
     out: dict[str, Any] = {"model": model, "decision": "open" if reasons else "wait", "reasons": reasons,
-                           "inputs": asdict(inputs), "policy": policy.model_dump(mode="json"), "snapshot": None,
+                           "inputs": asdict(inputs), "policy": policy.model_dump(mode="json"), "objective": None, "snapshot": None,
                            "training": None, "promotes": False}
     if not reasons:
         return out
-    if inputs.accepted == 0:
+    inputs.objective = out["objective"] = round_objective(inputs, policy)
+    if inputs.objective == "dpo" and inputs.pairs == 0:
+        out["decision"] = "due"
+        out["notes"] = [f"a DPO round is due, but {increment} holds no accepted preference pair to learn from. Fix: "
+                        f"`mlops data harvest --pairs --since <time> --out {increment}`, review pairs.jsonl (set "
+                        "\"accepted\": true), then run `mlops loop check` again."]
+        return out
+    if inputs.objective == "sft" and inputs.accepted == 0:
         out["decision"] = "due"
         out["notes"] = [f"a round is due, but {increment} holds no accepted record to learn from. Fix: harvest "
                         "(`mlops data harvest`) and review the increment (set \"accepted\": true with a "
@@ -108,7 +145,8 @@ def gather(model: str, increment: Path, *, policy, monitor_days: int, now: float
     now = time.time() if now is None else now
     inputs = LoopInputs(model, str(increment))
     inputs.accepted, inputs.pending, note = count_increment(increment)
-    inputs.notes += [note] if note else []
+    inputs.pairs, inputs.pairs_pending = count_pairs(increment)
+    inputs.notes += [note] if note and policy.mode != "dpo" else []
     state = require_model(model, url=url)
     inputs.production = state.aliases.get("production")
     if inputs.production:
@@ -135,9 +173,11 @@ def snapshot_builder(config, *, ratio: float) -> Callable[[LoopInputs], dict]:
     same accepted records is the build's own no-op (its content key)."""
 
     def build(inputs: LoopInputs) -> dict:
-        from mlops.data.cli import run_build
         from mlops.data.harvest import accept, increment_config
+        from mlops.data.tracked_build import run_build
 
+        if inputs.objective == "dpo":
+            return _pair_snapshot(config, inputs)
         accepted = accept(inputs.increment)
         history = inputs.history_snapshot
         cfg = increment_config(config, inputs.increment, history=history, ratio=ratio if history else None)
@@ -146,6 +186,19 @@ def snapshot_builder(config, *, ratio: float) -> Callable[[LoopInputs], dict]:
                 "samples": result.manifest["counts"]["samples"], "history": history, "path": str(result.path)}
 
     return build
+
+
+def _pair_snapshot(config, inputs: LoopInputs) -> dict:
+    """A DPO round's snapshot: the accepted pairs alone, as a preference build (pairs are never mixed with history
+    rows: a row drawn alone would split its pair)."""
+    from mlops.data.harvest_pairs import accept_pairs, pairs_config
+    from mlops.data.tracked_build import run_build
+
+    accepted = accept_pairs(inputs.increment)
+    result, run_id = run_build(pairs_config(config, inputs.increment))
+    return {"snapshot_id": result.snapshot_id, "data_run_id": run_id, "records": accepted["accepted"],
+            "pairs": result.manifest.get("pairs", {}).get("total"), "samples": result.manifest["counts"]["samples"],
+            "history": None, "path": str(result.path), "record_type": "preference"}
 
 
 def mlflow_project_launcher(train_config: str, *, project: Path, experiment: str,
@@ -164,6 +217,7 @@ def mlflow_project_launcher(train_config: str, *, project: Path, experiment: str
         import mlflow.projects
 
         overrides = [f"train.snapshot={snapshot['snapshot_id']}", *(extra or []),
+                     *(["train.objective=dpo"] if inputs.objective == "dpo" else []),
                      *([f"base_model=models:/{inputs.model}/{inputs.production}"] if inputs.production else [])]
         submitted = mlflow.projects.run(str(project), entry_point="train", env_manager="local",
                                         experiment_name=experiment, synchronous=False,

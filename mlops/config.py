@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticUndefined
 
 from mlops.errors import ConfigError, did_you_mean
 
@@ -33,9 +34,10 @@ def volatile(default: Any = None, **kwargs: Any) -> Any:
 HASH_AT_DEFAULT_OMITTED = "hash_at_default_omitted"
 
 
-def added_option(default: Any, **kwargs: Any) -> Any:
+def added_option(default: Any = PydanticUndefined, **kwargs: Any) -> Any:
     """A field added later whose default is what every config did before it: at that default it is left out of
-    the hash, so existing configs keep their hash (and their runs, checkpoints and snapshots)."""
+    the hash, so existing configs keep their hash (and their runs, checkpoints and snapshots). A section passes
+    `default_factory` instead of a default."""
     return Field(default, json_schema_extra={HASH_AT_DEFAULT_OMITTED: True}, **kwargs)
 
 
@@ -252,8 +254,8 @@ def canonical(value: Any) -> Any:
             if extra.get(HASH_EXCLUDED):
                 continue
             item = getattr(value, name)
-            if extra.get(HASH_AT_DEFAULT_OMITTED) and item == info.default:
-                continue
+            if extra.get(HASH_AT_DEFAULT_OMITTED) and item == info.get_default(call_default_factory=True):
+                continue  # a section added later (a default factory) is left out at its defaults, as a field is
             if item is not None:
                 out[name] = canonical(item)
         return out

@@ -323,6 +323,17 @@ class MlflowTracker:
 
         mlflow.flush_async_logging()
 
+    def watch_system(self, interval: float):
+        """MLflow's own system metrics on this run (`system/...`: CPU, memory, disk, network; GPU utilisation and
+        memory through NVML where a GPU and pynvml are present), sampled every `interval` s by MLflow's monitor
+        thread; returns the function that stops it."""
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        monitor = SystemMetricsMonitor(self.run_id, sampling_interval=interval, resume_logging=True,
+                                       tracking_uri=self.uri)
+        monitor.start()
+        return monitor.finish
+
     def close(self, status: str = "FINISHED", reason: str | None = None) -> None:
         if self._closed:
             return
@@ -455,6 +466,10 @@ class MemoryTracker:
 
     def flush(self):
         pass
+
+    def watch_system(self, interval: float):
+        """No system metrics in memory; the stop function does nothing."""
+        return lambda: None
 
     def close(self, status="FINISHED", reason=None):
         self.status = status

@@ -11,6 +11,7 @@ silently, nor be ignored silently. Each gate result records the policy values it
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -75,6 +76,14 @@ class LoopPolicy(StrictModel):
     on_alert: bool = Field(True, description="an alert of `mlops monitor` opens one")
     launch_training: bool = Field(False, description="launch the training run (MLflow Projects) after the build")
     history_ratio: float = Field(0.3, gt=0, lt=1, description="history share of the next snapshot's train split")
+    # Added later: at their defaults (SFT rounds only) they stay out of the recorded policy's hash.
+    mode: Literal["sft", "dpo", "auto"] = added_option(
+        "sft", description="what a round trains: sft on the accepted corrections, dpo on the accepted preference "
+        "pairs (`mlops data harvest --pairs` into the same increment folder), or auto: dpo when min_pairs pairs are "
+        "accepted, else sft"
+    )
+    min_pairs: int = added_option(100, ge=1, le=10_000_000, description="accepted harvested pairs that open a DPO "
+                                  "round (mode dpo or auto)")
 
 
 class FreshnessPolicy(StrictModel):
@@ -131,6 +140,35 @@ class AttestorsPolicy(StrictModel):
         return value
 
 
+PRIORITIES = ("high", "normal", "low")  # the order pending training jobs start in
+
+
+class TeamPolicy(StrictModel):
+    """One product team of the training service (`registry.teams.<name>`): who submits for it, its monthly
+    device-hour quota, how many of its jobs may run at once, and what other teams shared with it. Changed only
+    by an admin's signed `mlops registry policy set`, so a grant, a quota raise or a new member is ledgered."""
+
+    members: list[str] = Field(..., min_length=1, description="user names (registry identities) who may submit "
+                               "jobs for the team and use its snapshots, checkpoints and models")
+    quota_device_hours: float = Field(..., gt=0, description="device-hours (wall x devices, retries included) the "
+                                      "team may use per calendar month (UTC)")
+    max_concurrent: int = Field(1, ge=1, description="jobs of the team that may run at once; the rest wait")
+    default_priority: Literal["high", "normal", "low"] = Field("normal", description="priority of a submission "
+                                                               "that names none")
+    granted: list[str] = Field(default_factory=list, description="other teams' data and models shared with this "
+                               "team: `snapshot:<id>` or `model:<name>/<version>`")
+
+    @field_validator("granted")
+    @classmethod
+    def _grant_form(cls, grants: list[str]) -> list[str]:
+        for grant in grants:
+            kind, _, ref = grant.partition(":")
+            if kind not in ("snapshot", "model") or not ref or (kind == "model" and "/" not in ref):
+                raise ValueError(f"grant '{grant}' is neither snapshot:<id> nor model:<name>/<version>. Fix: write "
+                                 "e.g. snapshot:sample-3f2a9c or model:support-bot/4")
+        return grants
+
+
 class RegistryConfig(StrictModel):
     spot_check: SpotCheckPolicy = Field(default_factory=SpotCheckPolicy)
     shadow: ShadowPolicy = Field(default_factory=ShadowPolicy)
@@ -140,6 +178,17 @@ class RegistryConfig(StrictModel):
     loop: LoopPolicy = added_option(LoopPolicy())
     freshness: FreshnessPolicy = added_option(FreshnessPolicy())
     attestors: AttestorsPolicy = added_option(AttestorsPolicy())
+    teams: dict[str, TeamPolicy] = added_option({}, description="the training service's teams (`mlops train "
+                                                "submit --team`); none: submissions are refused")
+
+    @field_validator("teams")
+    @classmethod
+    def _team_names(cls, teams: dict[str, TeamPolicy]) -> dict[str, TeamPolicy]:
+        from mlops.tenancy import check_team_name
+
+        for name in teams:
+            check_team_name(name)
+        return teams
 
 
 def policy_path() -> Path:

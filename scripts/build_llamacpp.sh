@@ -2,7 +2,8 @@
 # Builds llama.cpp once per machine from the sources that the llama-cpp-python sdist vendors (PyPI is the only
 # source), and installs the bindings into the venv against that one build: llama-server, llama-quantize,
 # the GGUF converter and libllama all come from the same llama.cpp commit.
-# Usage: scripts/build_llamacpp.sh VENV_PYTHON
+# Usage: scripts/build_llamacpp.sh VENV_PYTHON [--build-only]
+# --build-only: the cached build alone (no bindings), so `make install` can run it beside the pip installs.
 # The build is cached under $MLOPS_LLAMACPP_CACHE (default ~/.cache/mlops-llm): a second venv, a fresh clone
 # or CI on the same machine install in seconds. Nothing is downloaded by cmake (UI, curl and OpenSSL are off).
 set -euo pipefail
@@ -35,6 +36,7 @@ if [ ! -f "$ROOT/.built" ]; then
   cmake --build "$ROOT/build" -j"$(nproc)" --target llama-server llama-quantize llama ggml >"$ROOT/build.log"
   touch "$ROOT/.built"
 fi
+if [ "${2:-}" = "--build-only" ]; then exit 0; fi
 
 # The bindings without their own copy of llama.cpp (LLAMA_BUILD=OFF: a pure-Python wheel), then our libraries.
 if ! "$PY" -c "import llama_cpp" 2>/dev/null; then

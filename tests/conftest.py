@@ -25,8 +25,8 @@ PG_ADMIN = os.environ.get("MLOPS_TEST_PG", "postgresql://postgres@127.0.0.1:5432
 # The longest test files, longest first. `make test` runs two workers, each taking whole files in this order:
 # started first, a 20-minute file ends while the other worker still has short files to run, instead of running
 # alone at the end.
-RUN_FIRST = ("test_release_loop.py", "test_train_multiprocess.py", "test_data_ray.py", "test_registry_faults.py",
-             "test_eval_runner.py", "test_train_resilience.py", "test_sweep_tiny.py", "test_train_inprocess.py")
+RUN_FIRST = ("test_release_loop.py", "test_train_multiprocess.py", "test_train_service_cluster.py", "test_data_ray.py",
+             "test_registry_faults.py", "test_eval_runner.py", "test_train_resilience.py", "test_sweep_tiny.py", "test_train_inprocess.py")
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -28,21 +28,30 @@ def free_port() -> int:
 
 
 class RayCluster:
-    def __init__(self, nodes: int = 2, cpus_per_node: int = 1, object_store_mb: int = 200) -> None:
+    def __init__(self, nodes: int = 2, cpus_per_node: int = 1, object_store_mb: int = 200, *,
+                 dashboard: bool = False, head_cpus: int | None = None, env: dict | None = None) -> None:
+        """`dashboard`: the head runs Ray's dashboard (the Jobs and state APIs the training service uses);
+        `head_cpus`: the head's CPUs when they differ from the other nodes'; `env`: extra environment for
+        every node (Ray settings such as RAY_health_check_period_ms)."""
         self.nodes = nodes
         self.cpus = cpus_per_node
+        self.head_cpus = head_cpus if head_cpus is not None else cpus_per_node
+        self.with_dashboard = dashboard
+        self.env = env or {}
+        self.dashboard = ""
         self.object_store = object_store_mb * 2**20
         # Short: Ray's unix socket paths live under it and must stay below ~107 characters.
         self.temp = Path(tempfile.mkdtemp(prefix="mlops-rc-"))
         self.groups: list[int] = []
         self.address = ""
 
-    def _start(self, *args: str) -> None:
+    def _start(self, *args: str, cpus: int | None = None) -> None:
         ray = RAY if Path(RAY).exists() else "ray"
         # Explicit: with the mode unset, Ray turns token auth on for a head when ~/.ray/auth_token exists but not for
-        # a joining node, which is then refused.
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-        cmd = [ray, "start", *args, f"--num-cpus={self.cpus}", f"--object-store-memory={self.object_store}",
+        # a joining node, which is then refused. No identity: the nodes run as nobody (jobs never inherit a user).
+        env = {**{k: v for k, v in os.environ.items() if k not in ("MLOPS_USER", "MLOPS_PASSWORD", "RAY_ADDRESS")},
+               "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", **self.env}
+        cmd = [ray, "start", *args, f"--num-cpus={cpus or self.cpus}", f"--object-store-memory={self.object_store}",
                f"--temp-dir={self.temp}", f"--dashboard-agent-listen-port={free_port()}", "--disable-usage-stats"]
         proc = subprocess.Popen(cmd, start_new_session=True, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
@@ -52,8 +61,10 @@ class RayCluster:
             raise RuntimeError(f"`{' '.join(cmd)}` failed ({proc.returncode}):\n{out[-3000:]}")
 
     def start(self) -> RayCluster:
-        port = free_port()
-        self._start("--head", f"--port={port}", "--include-dashboard=false", f"--dashboard-port={free_port()}")
+        port, dash = free_port(), free_port()
+        self._start("--head", f"--port={port}", f"--include-dashboard={str(self.with_dashboard).lower()}",
+                    "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", cpus=self.head_cpus)
+        self.dashboard = f"http://127.0.0.1:{dash}" if self.with_dashboard else ""
         # The head writes the address it is reached at (this machine's IP, which drivers here must use too).
         self.address = (self.temp / "ray_current_cluster").read_text().strip()
         for _ in range(self.nodes - 1):
@@ -81,6 +92,17 @@ class RayCluster:
                 except psutil.Error:
                     pass
         return list(found.values())
+
+    def kill_raylet(self, node: int) -> int:
+        """SIGKILL node `node`'s raylet (0 is the head): a lost machine as its cluster sees it. Its pid."""
+        for proc in self.processes(self.groups[node]):
+            try:
+                if proc.name() == "raylet" or "raylet" in " ".join(proc.cmdline()[:1]):
+                    proc.send_signal(signal.SIGKILL)
+                    return proc.pid
+            except psutil.Error:
+                continue
+        raise RuntimeError(f"node {node} has no raylet process")
 
     def kill_head(self) -> None:
         """SIGKILL the head node (GCS, its raylet and its workers): a lost head machine."""

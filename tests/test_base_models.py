@@ -127,3 +127,19 @@ def test_smollm2_import_converts_gguf_to_reloadable_safetensors(tmp_path):
     assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
     assert entry["id"].startswith("bm-")
     assert base_models.catalog(tmp_path / "models")["smollm2"]["id"] == entry["id"]
+
+
+def test_the_tiny_model_id_does_not_depend_on_the_importers_hub_mode(tiny_model, tmp_path):
+    """transformers writes the hub mode a tokenizer was loaded in into its config; an importer without
+    HF_HUB_OFFLINE must still get the same folder, hence the same id (no network is touched either way)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from pathlib import Path; from mlops.base_models import import_base_model; "
+            "print(json.dumps(import_base_model('tiny', root=Path(sys.argv[1]))['id']))")
+    env = {**os.environ, "HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "0"}
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "models")], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == f'"{tiny_model["id"]}"'

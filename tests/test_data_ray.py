@@ -289,14 +289,15 @@ def test_losing_the_head_fails_clearly_publishes_nothing_and_a_rerun_completes(m
             while time.monotonic() < deadline and not list(root.glob(".staging-*/.work/parts/*/rows.jsonl")):
                 time.sleep(0.2)
             doomed.kill_head()
+            killed_at.append(time.monotonic())
 
+        killed_at: list[float] = []
         killer = threading.Thread(target=kill_when_cleaning, daemon=True)
         killer.start()
-        started = time.monotonic()
         failed = cli_build(mlops_home, config, "data.executor=ray", f"data.ray.address={doomed.address}",
                            "data.ray.head_timeout_s=3")
+        ended = time.monotonic()
         killer.join(5)
-        seconds = time.monotonic() - started
     finally:
         doomed.stop()
     assert failed.returncode != 0 and "Traceback" not in failed.stderr, failed.stderr[-3000:]
@@ -304,7 +305,9 @@ def test_losing_the_head_fails_clearly_publishes_nothing_and_a_rerun_completes(m
     assert re.search(rf"the Ray head at {re.escape(doomed.address)} (stopped answering|was lost)",
                      failed.stderr), failed.stderr[-3000:]
     assert "Fix: restart the head" in failed.stderr and "nothing was published" in failed.stderr
-    assert seconds < 55, "the build must fail before Ray itself ends the driver (60 s without a head)"
+    # Counted from the head's loss, not the build's start: a loaded machine may take long to get that far.
+    assert killed_at, "the head was never killed: no partition task wrote rows within 300 s"
+    assert ended - killed_at[0] < 55, "the build must fail before Ray itself ends the driver (60 s without a head)"
     assert not [p for p in root.iterdir() if p.name.startswith(("snap-", ".staging"))]
 
     again = RayCluster(nodes=2).start()

@@ -198,3 +198,23 @@ def test_template_failure_rejects_the_record_not_the_build(loaded, monkeypatch):
 
 def test_too_few_tokens(loaded):
     assert check_record(0, chat(("user", "Hi"), ("assistant", "Yes.")), policy(min_tokens=60)).reason == "too_few_tokens"
+
+
+def test_a_text_only_build_tokenizes_with_tokenizer_json_and_never_loads_transformers(tiny_model, tmp_path):
+    """transformers costs seconds to import and load; only chat templates need it (datatrove's peer loads
+    tokenizer.json alone, benchmarks/bench_data_peer.py). The ids are those of tokenizer.json, whose hash the
+    snapshot's tokenizer hash covers."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, json; from pathlib import Path; from mlops.data.testing import quick_build; "
+            f"r = quick_build([{{'text': f'plain text {{i}} on returns'}} for i in range(40)], "
+            f"base_model={str(tiny_model['path'])!r}, workdir=Path({str(tmp_path)!r})); "
+            "print(json.dumps([r.snapshot_id, 'transformers' in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "MLOPS_HOME": str(tmp_path / "home")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    snapshot, loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert snapshot.startswith("snap-") and loaded is False

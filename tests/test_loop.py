@@ -93,8 +93,66 @@ def test_the_increment_counts_accepted_rows_that_carry_a_correction(tmp_path):
     assert count_increment(tmp_path) == (1, 1, None)
 
 
+def test_a_dpo_round_opens_on_accepted_pairs_and_auto_picks_dpo_only_once_enough_are_accepted():
+    from evaluation.loop import check, decide, round_objective
+
+    dpo, auto = policy(mode="dpo", min_pairs=4, min_increment=2), policy(mode="auto", min_pairs=4, min_increment=2)
+    assert [r.split(":")[0] for r in decide(inputs(pairs=4, accepted=9), dpo)] == ["pairs"]  # corrections: not dpo's
+    assert decide(inputs(pairs=3), dpo) == []
+    assert round_objective(inputs(pairs=4, accepted=9), auto) == "dpo"
+    assert round_objective(inputs(pairs=3, accepted=9), auto) == "sft"
+    built, launched, build, launch = _fakes()
+    out = check("support-bot", "inc", policy=policy(mode="auto", min_pairs=4, launch_training=True),
+                inputs=inputs(pairs=6), build=build, launch=launch)
+    assert out["decision"] == "open" and out["objective"] == "dpo" and built[0].objective == "dpo"
+
+
+def test_a_due_dpo_round_without_accepted_pairs_says_how_to_harvest_them():
+    from evaluation.loop import check
+
+    built, launched, build, launch = _fakes()
+    due = check("support-bot", "inc", policy=policy(mode="dpo", max_age_days=10),
+                inputs=inputs(production="1", age_days=40.0, accepted=50), build=build, launch=launch)
+    assert due["decision"] == "due" and due["objective"] == "dpo" and built == []
+    assert "mlops data harvest --pairs" in due["notes"][0]
+
+
+def test_the_launcher_trains_a_dpo_round_with_the_dpo_objective_from_production(monkeypatch, tmp_path):
+    import mlflow.projects
+
+    from evaluation.loop import mlflow_project_launcher
+    from mlops import run_store
+
+    seen = {}
+
+    class Submitted:
+        run_id = "run-dpo"
+
+    def fake_run(uri, **kwargs):
+        seen.update(kwargs)
+        return Submitted()
+
+    monkeypatch.setattr(mlflow.projects, "run", fake_run)
+    monkeypatch.setattr(run_store, "latest_run", lambda tags: None)
+    launch = mlflow_project_launcher("configs/train/tiny.yaml", project=tmp_path, experiment="e")
+    out = launch(inputs(production="3", objective="dpo"), {"snapshot_id": "snap-pairs"})
+    overrides = seen["parameters"]["overrides"].split()
+    assert out["launched"] and "train.objective=dpo" in overrides
+    assert "base_model=models:/support-bot/3" in overrides and "train.snapshot=snap-pairs" in overrides
+
+
+def test_the_increment_counts_accepted_pairs_beside_its_records(tmp_path):
+    from evaluation.loop import count_pairs
+
+    assert count_pairs(tmp_path) == (0, 0)
+    rows = [{"pair_id": "p1", "accepted": True}, {"pair_id": "p2", "accepted": None},
+            {"pair_id": "p3", "accepted": False}, {"pair_id": "p4", "accepted": True}]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert count_pairs(tmp_path) == (2, 1)
+
+
 @pytest.mark.parametrize(("field", "value"), [("min_increment", 0), ("max_age_days", -1), ("history_ratio", 1.0),
-                                               ("launch_training", "maybe")])
+                                               ("launch_training", "maybe"), ("mode", "rlhf"), ("min_pairs", 0)])
 def test_a_loop_policy_out_of_range_names_the_field_the_value_and_the_fix(tmp_path, field, value):
     from mlops.errors import ConfigError
     from registry.config import read_policy_file

@@ -19,8 +19,8 @@ pytestmark = pytest.mark.slow
 LINKED = ("mlproject", "evaluation", "scripts")  # what the demo reads from the project (and configs/, below)
 
 
-def _demo(home: Path, env: dict) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "scripts/demo.py", "--profile", "tiny"], cwd=home, env=env,
+def _demo(home: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "scripts/demo.py", *(args or ("--profile", "tiny"))], cwd=home, env=env,
                           capture_output=True, text=True, timeout=2400)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-4000:]
     return done
@@ -36,18 +36,18 @@ def loop(tmp_path_factory):
         if child.name != "registry":
             (home / "configs" / child.name).symlink_to(child)
     (home / "configs" / "registry").mkdir()
-    # The project's policy, which bootstrap records: the tiny model is random, no share of its answers is
+    # The policy bootstrap records, as `make demo-quick`'s: the tiny model is random, no share of its answers is
     # "acceptable".
-    policy = home / "configs" / "registry" / "release.yaml"
-    policy.write_text("registry:\n  spot_check: {required: true, min_share_same_or_better: 0.0}\n"
-                      "  shadow: {required: true, min_requests: 4}\n  loop: {min_increment: 2}\n")
+    (home / "configs" / "registry" / "release.yaml").write_bytes((REPO / "scripts/demo_tiny_release.yaml").read_bytes())
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "MASTER_", "RANK", "WORLD_SIZE",
                                                                     "LOCAL_RANK", "MLOPS_"))}
     env.update(MLOPS_HOME=str(home), MLOPS_LEDGER_KEY_DIR=str(home / "ledger-keys"),
                MLFLOW_TRACKING_URI=f"sqlite:///{home / '.mlops' / 'mlflow.db'}",
                PATH=str(Path(sys.executable).parent) + os.pathsep + env["PATH"])
+    # `make demo-quick` first: one round, which the full demo then finds done and goes on from.
+    quick = _demo(home, env, "--quick")
     first = _demo(home, env)
-    return {"home": home, "env": env, "first": first}
+    return {"home": home, "env": env, "quick": quick, "first": first}
 
 
 @pytest.fixture
@@ -117,6 +117,9 @@ def test_every_version_traces_to_run_snapshot_ge_results_and_checkpoint_manifest
     assert len(snapshots) == 3  # round 1, round 2 (mixed with round 1), the leaky round
     round2 = load_run_json(stored["versions"][1]["data_run_id"], "snapshot/manifest.json")
     assert round2["config"]["mix"]["history"]["snapshot"] == stored["versions"][0]["snapshot_id"]
+    # Round 1 ran the model-based steps too: semantic dedup and the perplexity filter, reported before and after.
+    round1 = load_run_json(stored["versions"][0]["data_run_id"], "snapshot/manifest.json")
+    assert round1["dedup"]["semantic"]["records"] > 0 and round1["acceptance"]["perplexity"]
 
 
 def test_the_served_version_switched_on_promotion_and_back_on_rollback(stored):
@@ -144,6 +147,25 @@ def test_shadow_evidence_and_the_harvested_round3_increment(loop, stored):
     manifest = next(m for m in list_snapshots() if m["snapshot_id"] == round3)
     assert manifest["mixing"]["history"]["snapshot"] == stored["versions"][0]["snapshot_id"]
     assert manifest["sources"][0]["provenance"]["requests"] == provenance["requests"]
+
+
+def test_the_quick_look_releases_and_serves_one_round_and_says_what_the_full_demo_adds(loop):
+    quick, full = loop["quick"].stdout, loop["first"].stdout
+    assert re.findall(r"=== \[(\d+)/5\]", quick) == ["1", "2", "3", "4", "5"] and "quick demo finished" in quick
+    assert "v1 is in production and served" in quick and "The full demo (`make demo`) goes on" in quick
+    # The full demo goes on from the quick look's round: its headers count to 12, and step 4 was done before.
+    assert re.findall(r"=== \[(\d+)/12\]", full) == [str(k) for k in range(1, 13)]
+    assert re.search(r"=== \[4/12\] release v1.*\(done before\)", full)
+    assert re.search(r"left at this machine's pace", full) and "| step | what | took | reference |" in full
+    timings = json.loads((loop["home"] / ".mlops" / "demo" / "timings.json").read_text())
+    assert [s["step"] for s in timings["steps"]] == list(range(1, 13))
+    from mlflow import MlflowClient
+
+    client = MlflowClient(loop["env"]["MLFLOW_TRACKING_URI"])
+    reports = client.search_runs([client.get_experiment_by_name("demo").experiment_id],
+                                 "tags.`mlflow.runName` = 'demo-report'", order_by=["attributes.start_time DESC"])
+    assert reports and {a.path for a in client.list_artifacts(reports[0].info.run_id, "demo")} == {
+        "demo/timings.md", "demo/timings.json"}  # the closing table, an artifact of the demo's report run
 
 
 def test_a_rerun_reuses_everything_and_tells_the_same_story(loop, stored):
@@ -211,3 +233,26 @@ def test_the_mlflow_ui_shows_runs_named_by_stage_model_and_round(loop, stored, t
             browser.close()
     finally:
         stop(ui)
+
+
+# Last in the file: it registers a version, which the tests above do not expect.
+def test_make_demo_dpo_runs_a_dpo_round_from_the_demos_feedback_to_the_gate(loop, stored):
+    from mlflow import MlflowClient
+
+    from mlops.lineage import Tag
+    from registry.report import release_report
+
+    done = subprocess.run([sys.executable, "scripts/demo_dpo.py", "--profile", "tiny"], cwd=loop["home"],
+                          env=loop["env"], capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-4000:]
+    after = release_report("support-bot")
+    new = [v for v in after["versions"] if v["version"] not in {s["version"] for s in stored["versions"]}]
+    assert len(new) == 1 and after["aliases"] == stored["aliases"]  # registered, judged, never promoted
+    run = MlflowClient(loop["env"]["MLFLOW_TRACKING_URI"]).get_run(new[0]["run_id"])
+    assert run.data.tags[Tag.TRAIN_OBJECTIVE] == "dpo"
+    assert run.data.tags[Tag.BASE_MODEL].startswith("models:/support-bot/")  # from production's weights
+    from registry.gates import newest_gate_report
+
+    _, report = newest_gate_report(new[0]["content_id"])
+    judged = [c for c in report["checks"] if c["name"] == "pairs_heldout" and c["rule"] == "must_improve"]
+    assert judged, report["checks"]  # the candidate was held to beating production on the held-out pairs

@@ -170,16 +170,16 @@ def _manifest_field(folder: Path, key: str):
         return None
 
 
-def retention(ckpt_dir: Path, keep_last: int, keep_every: int | None, protect: Path | None = None) -> list[Path]:
-    """Delete all but the newest `keep_last` complete checkpoints (plus multiples of `keep_every`), every
-    incomplete folder older than the newest complete one, and leftovers of interrupted saves. Returns what was
-    deleted."""
+def retention(ckpt_dir: Path, keep_last: int, keep_every: int | None, protect: tuple[Path, ...] = ()) -> list[Path]:
+    """Delete all but the newest `keep_last` complete checkpoints (plus multiples of `keep_every`, plus the
+    `protect`ed ones: the one just written, the selected best), every incomplete folder older than the newest
+    complete one, and leftovers of interrupted saves. Returns what was deleted."""
     tags = list_tags(ckpt_dir)
     complete = [(s, p) for s, p in tags if read_manifest(p) is not None]
     keep = {p for _, p in complete[:keep_last]}
     keep |= {p for s, p in complete if keep_every and s % keep_every == 0}
     newest = complete[0][0] if complete else -1
-    doomed = [p for s, p in tags if p not in keep and p != protect and (read_manifest(p) is not None or s <= newest)]
+    doomed = [p for s, p in tags if p not in keep and p not in protect and (read_manifest(p) is not None or s <= newest)]
     for folder in doomed:
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(ckpt_dir / UNIVERSAL / folder.name, ignore_errors=True)

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from mlops.config import StrictModel, added_option, volatile
+from mlops.config import HASH_EXCLUDED, StrictModel, added_option, volatile
 from mlops.errors import ConfigError
 
 ADAPTER_MODES = ("lora", "qlora")  # modes that train LoRA adapters over a frozen base (checkpoints hold the adapters)
@@ -69,6 +69,99 @@ class SmokeSection(Section):
     steps: int = Field(30, ge=4, description="optimizer steps of a smoke run")
     min_loss_drop: float = Field(0.0, ge=0.0, lt=1.0, description="required relative drop of the loss")
     min_tokens_per_s: float = volatile(0.0, ge=0.0, description="throughput floor of a smoke run")
+    required_above_hours: float | None = volatile(
+        4.0, gt=0, description="a run planned longer than this (wall hours on this machine, with the plan's margin) "
+        "needs a passed smoke run of its config first (`--smoke true`); null: never required"
+    )
+    skip_reason: str | None = volatile(None, description="start a long run without a passed smoke; the reason is "
+                                       "recorded on the run (mlops.smoke_skipped)")
+
+
+class SelectSection(Section):
+    """Which checkpoint becomes the final model, and when a run stops early. Every field changes what a run
+    produces, so all are hashed; the section at its defaults (the last checkpoint, no early stop) is left out of
+    the hash, so configs written before it keep theirs."""
+
+    metric: str | None = Field(
+        None, description="the metric that picks the final model among the run's evaluated steps: val_loss, "
+        "val_perplexity, or an in-run eval score (train_eval.<suite> or train_eval.<task>, from train.eval); "
+        "null: the last checkpoint"
+    )
+    mode: Literal["min", "max"] | None = Field(
+        None, description="min or max; null: min for val_loss and val_perplexity, max for train_eval scores"
+    )
+    patience: int | None = Field(
+        None, ge=1, description="stop after this many evaluations of the metric without an improvement larger "
+        "than min_delta; null: never stop early"
+    )
+    min_delta: float = Field(0.0, ge=0.0, description="an improvement of this much or less does not count")
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, value: str | None) -> str | None:
+        if value is None or value in ("val_loss", "val_perplexity") or value.startswith("train_eval."):
+            return value
+        raise ValueError(f"'{value}' is not a metric a run evaluates. Fix: use val_loss, val_perplexity, or an "
+                         "in-run eval score: train_eval.<suite> (the suite's mean, e.g. train_eval.business) or "
+                         "train_eval.<task> (with train.eval.suites set)")
+
+    @model_validator(mode="after")
+    def _patience_needs_metric(self) -> SelectSection:
+        if self.patience is not None and self.metric is None:
+            raise ValueError(f"train.select.patience={self.patience} needs a metric to be patient about. Fix: set "
+                             "train.select.metric (val_loss, or an in-run eval score such as train_eval.business)")
+        return self
+
+    def resolved_mode(self) -> str:
+        if self.mode is not None:
+            return self.mode
+        return "min" if self.metric in (None, "val_loss", "val_perplexity") else "max"
+
+
+class DpoSection(Section):
+    """Direct preference optimisation (train.objective=dpo) over a preference snapshot's chosen/rejected pairs."""
+
+    beta: float = Field(0.1, gt=0, le=100.0, description="strength of the pull towards the reference model: the "
+                        "implicit reward is beta x the log-probability ratio to the reference (typical 0.05-0.5)")
+    loss_type: Literal["sigmoid", "ipo", "robust"] = Field(
+        "sigmoid", description="sigmoid (DPO; with label_smoothing > 0 the conservative cDPO), ipo (IPO, squared "
+        "loss on length-normalised log-ratios) or robust (rDPO: unbiased under label noise of rate label_smoothing)"
+    )
+    label_smoothing: float = Field(0.0, ge=0.0, lt=0.5, description="assumed share of pairs whose preference is "
+                                   "flipped (sigmoid and robust only)")
+    reference: Literal["auto", "adapters_off", "precomputed"] = Field(
+        "auto", description="the reference model: adapters_off (LoRA and QLoRA: the same weights with the adapters "
+        "switched off, no second copy), precomputed (its log-probabilities computed once from the starting weights "
+        "before the first step and stored beside the checkpoints; the only choice for full fine-tuning); auto: "
+        "adapters_off for lora and qlora, precomputed for full"
+    )
+
+    @model_validator(mode="after")
+    def _smoothing_has_a_meaning(self) -> DpoSection:
+        if self.loss_type == "ipo" and self.label_smoothing:
+            raise ValueError(f"train.dpo.label_smoothing={self.label_smoothing} has no meaning for loss_type=ipo. "
+                             "Fix: set train.dpo.label_smoothing=0, or loss_type=sigmoid (cDPO) or robust (rDPO)")
+        return self
+
+
+class InRunEvalSection(Section):
+    """lm-eval suites on the current weights during the run, in-process (a few items per task)."""
+
+    suites: list[str] = Field(default_factory=list, description="eval suites to run during training (e.g. "
+                              "[business]); empty: none")
+    every: int = Field(50, ge=1, description="run them every N optimizer steps (and at the last step)")
+    limit: int | None = Field(5, ge=1, description="items per task (null: every item)")
+    batch_size: int = volatile(8, ge=1, description="sequences per forward of the eval")
+
+
+class SignalsSection(Section):
+    """The trainer's own signals for Prometheus (deploy/prometheus/training-alerts.yml alerts on them)."""
+
+    textfile: str | None = volatile(
+        None, description="a .prom file node_exporter's textfile collector reads, rewritten at every log step "
+        "(tokens/s, data-wait share, grad norm, loss, validation loss, time of the last step)"
+    )
+    pushgateway: str | None = volatile(None, description="a Pushgateway (host:port) the same gauges are pushed to")
 
 
 class DeepSpeedSection(Section):
@@ -77,6 +170,26 @@ class DeepSpeedSection(Section):
     hostfile: str | None = volatile(None, description="DeepSpeed hostfile for several nodes (deepspeed launcher)")
     master_port: int | None = volatile(None, description="rendezvous port (default: a free one)")
     extra: dict[str, Any] = Field(default_factory=dict, description="merged into the generated DeepSpeed config")
+
+
+class ClusterSection(Section):
+    """Where `mlops train submit` runs a job: a Ray cluster, as Ray Train workers. None of it changes what a run
+    computes at a given world size, so none of it is hashed."""
+
+    address: str | None = volatile(None, description="the Ray head's dashboard (http://HEAD:8265, the Jobs API); "
+                                   "unset: RAY_ADDRESS, else a local head started under the store")
+    workers: int = volatile(2, ge=1, le=4096, description="Ray Train workers: one per GPU, or CPU processes")
+    use_gpu: bool = volatile(False, description="one GPU per worker (NCCL); false: CPU workers (gloo)")
+    cpus_per_worker: float = volatile(1.0, gt=0, le=256, description="CPUs each worker reserves")
+    hardware: str = volatile("cpu", description="the planner's name of the devices (cpu, l4, a10g, rtx4090, a100-40gb, "
+                             "a100-80gb, l40s, a6000, h100-80gb, h100-94gb, "
+                             "h200): admission plans the job's hours and memory on it")
+    max_failures: int = volatile(3, ge=0, le=100, description="times the worker group restarts after a lost worker "
+                                 "or node (each resumes from the last full-state checkpoint)")
+    placement: Literal["SPREAD", "PACK"] = volatile("SPREAD", description="spread workers over nodes, or pack them")
+    storage_path: str | None = volatile(None, description="shared storage for the job's checkpoints and Ray "
+                                        "Train's run folder (default: the team's prefix under the checkpoints root)")
+    poll_seconds: float = volatile(2.0, gt=0, le=60, description="how often a queued job looks for its turn")
 
 
 class DebugSection(Section):
@@ -95,8 +208,14 @@ class DebugSection(Section):
 class TrainConfig(Section):
     snapshot: str | None = Field(None, description="data snapshot id (or `latest`) to train on")
     mode: Literal["lora", "full", "qlora"] = Field(
-        "lora", description="LoRA adapters, full fine-tuning, or QLoRA (LoRA over a 4-bit NF4 base, bitsandbytes)"
+        "lora", description="LoRA adapters, full fine-tuning, or QLoRA (LoRA over a 4-bit NF4 base, bitsandbytes); "
+        "`dpo` is shorthand for train.objective=dpo with LoRA"
     )
+    objective: Literal["sft", "dpo"] = added_option(
+        "sft", description="sft (next-token loss on a chat snapshot's answers) or dpo (preference pairs of a "
+        "preference snapshot, against a reference model: train.dpo)"
+    )
+    dpo: DpoSection = added_option(default_factory=DpoSection, description="the DPO objective's settings")
     lora: LoraSection = Field(default_factory=LoraSection)
     zero_stage: Literal[0, 1, 2, 3] = Field(
         0, description="DeepSpeed ZeRO stage: 1 partitions the optimizer state, 2 the gradients too, 3 the weights too"
@@ -137,8 +256,16 @@ class TrainConfig(Section):
     eval_every: int = volatile(50, ge=1, description="validation loss every N steps")
     eval_samples: int | None = Field(None, ge=1, description="validation samples per evaluation (default all)")
     guards: GuardSection = Field(default_factory=GuardSection)
+    select: SelectSection = added_option(default_factory=SelectSection,
+                                         description="best-checkpoint selection and early stopping")
+    eval: InRunEvalSection = added_option(default_factory=InRunEvalSection,
+                                          description="eval suites on the current weights during the run")
+    signals: SignalsSection = Field(default_factory=SignalsSection, json_schema_extra={HASH_EXCLUDED: True},
+                                    description="Prometheus textfile or Pushgateway for the trainer's signals")
     smoke: SmokeSection = Field(default_factory=SmokeSection)
     deepspeed: DeepSpeedSection = Field(default_factory=DeepSpeedSection)
+    cluster: ClusterSection = Field(default_factory=ClusterSection, json_schema_extra={HASH_EXCLUDED: True},
+                                    description="where `mlops train submit` runs a job (a Ray cluster); never hashed")
     max_context: int | None = Field(None, ge=16, description="served context (default: the base model's)")
     serve_engine: str = Field("hf", description="the engine the version's deployment profile names: hf, llamacpp "
                               "(CPU, GGUF) or vllm (GPU); evals and servers of the version run on it")
@@ -164,6 +291,10 @@ class TrainConfig(Section):
     heartbeat_seconds: float = volatile(
         30.0, ge=1, description="rank 0 stamps the run's heartbeat tag this often (the reaper's sign of life)"
     )
+    system_metrics_seconds: float | None = volatile(
+        10.0, ge=1, description="MLflow's system metrics (CPU, memory, GPU through NVML) on the run at this interval; "
+        "null: off"
+    )
     debug: DebugSection = Field(default_factory=DebugSection)
 
     @field_validator("adam_betas")
@@ -173,6 +304,33 @@ class TrainConfig(Section):
             raise ValueError("each beta must be in [0, 1) (at 1 or above AdamW's bias correction divides by zero "
                              "or flips sign); typical values are 0.9 and 0.999")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dpo_shorthand(cls, data: Any) -> Any:
+        # `train.mode=dpo` is how teams moving from SFT ask for it; the adapters stay LoRA unless they say otherwise
+        if isinstance(data, dict) and data.get("mode") == "dpo":
+            if data.get("objective", "dpo") != "dpo":
+                raise ValueError(f"train.mode=dpo contradicts train.objective={data['objective']}. Fix: drop one of "
+                                 "them (train.mode=dpo means train.objective=dpo with LoRA)")
+            data = {**data, "mode": "lora", "objective": "dpo"}
+        return data
+
+    @model_validator(mode="after")
+    def _dpo_has_a_reference(self) -> TrainConfig:
+        if self.objective == "dpo" and self.mode == "full" and self.dpo.reference == "adapters_off":
+            raise ValueError("train.dpo.reference=adapters_off needs adapters to switch off, and train.mode=full has "
+                             "none: no reference is possible. Fix: set train.dpo.reference=precomputed (or auto), or "
+                             "train.mode=lora")
+        return self
+
+    def dpo_reference(self) -> str | None:
+        """How a DPO run gets its reference log-probabilities (None: not a DPO run)."""
+        if self.objective != "dpo":
+            return None
+        if self.dpo.reference != "auto":
+            return self.dpo.reference
+        return "adapters_off" if self.mode in ADAPTER_MODES else "precomputed"
 
     @model_validator(mode="after")
     def _levers_compose(self) -> TrainConfig:

@@ -28,6 +28,7 @@ class MicroBatch:
     tokens: int  # real tokens (attention mask) in this micro batch
     sample_ids: list[str]
     loss_tokens: int = 0  # predicted positions with a label (after the causal shift)
+    pair_indices: list[int] | None = None  # DPO: the pairs' positions in their split (rows: chosen..., rejected...)
 
 
 @dataclass
@@ -99,7 +100,7 @@ class RankBatches:
     """Yields the micro batches of each optimizer step for one rank, from any global position."""
 
     def __init__(self, reader, *, seed: int, micro: int, accum: int, world: int, rank: int, start: int = 0,
-                 max_len: int | None = None):
+                 max_len: int | None = None, collate=to_tensors):
         if len(reader) < micro * world:
             raise MLOpsError(
                 f"the training split has {len(reader)} samples, fewer than one micro step across all ranks "
@@ -115,6 +116,7 @@ class RankBatches:
             )
         self.position = start
         self.max_len = max_len
+        self.collate = collate  # to_tensors, or training.pairs.to_pair_tensors for a preference snapshot
 
     @property
     def epoch(self) -> int:
@@ -127,7 +129,7 @@ class RankBatches:
         micro = []
         for j in range(self.accum):
             offset = (j * self.world + self.rank) * self.micro
-            micro.append(to_tensors([self.reader.get(i) for i in indices[offset : offset + self.micro]], self.max_len))
+            micro.append(self.collate([self.reader.get(i) for i in indices[offset : offset + self.micro]], self.max_len))
         step_ids: list[str] = []
         if all_ids:
             mine = {(j * self.world + self.rank) * self.micro: mb.sample_ids for j, mb in enumerate(micro)}
@@ -140,9 +142,9 @@ class RankBatches:
 
 
 def validation_batches(reader, *, micro: int, world: int, rank: int, limit: int | None,
-                       max_len: int | None = None) -> Iterator[MicroBatch]:
+                       max_len: int | None = None, collate=to_tensors) -> Iterator[MicroBatch]:
     """This rank's share of the validation split, in file order (no shuffling: every eval sees the same)."""
     count = len(reader) if limit is None else min(limit, len(reader))
     mine = list(range(rank, count, world))
     for i in range(0, len(mine), micro):
-        yield to_tensors([reader.get(k) for k in mine[i : i + micro]], max_len)
+        yield collate([reader.get(k) for k in mine[i : i + micro]], max_len)

@@ -84,9 +84,11 @@ def _ensure_snapshot(config: Path | None, overrides: list[str]) -> list[str]:
 
     cfg = load_config(config, overrides)
     if cfg.train is None or cfg.train.snapshot is None:
-        from training.synthetic import make_snapshot
+        from training.synthetic import make_pair_snapshot, make_snapshot
 
-        return [*overrides, f"train.snapshot={make_snapshot()}"]
+        # A DPO drill needs pairs: the synthetic preference snapshot, as the chat drill gets the synthetic chats.
+        snapshot = make_pair_snapshot() if cfg.train and cfg.train.objective == "dpo" else make_snapshot()
+        return [*overrides, f"train.snapshot={snapshot}"]
     return overrides
 
 

@@ -119,28 +119,35 @@ def finish(run):
     from training.results import FINAL, TrainResult
 
     prep, t, tracker = run.prep, run.t, run.tracker
-    ckpt = run.saver.last_complete
+    ckpt = run.final_checkpoint()
+    chosen = selection_tags(run, ckpt)
     loss = run.losses[-1] if run.losses else run.last_loss if run.last_loss is not None else math.nan
     metrics = {"loss": loss, **run.val, "tokens_seen": float(run.tokens_seen), "steps": float(run.step),
                **trajectory(run.losses, run.step_tokens, run.step_seconds)}
+    if run.selection.active and run.selection.best_step is not None:
+        metrics |= {"selected_step": float(run.selection.best_step),
+                    f"selected_{run.selection.metric}": float(run.selection.best_value)}
     if prep.smoke:
         smoke_verdict(run, metrics)
     model_dir = model_uri = None
     if t.final_model and run.rank0:
-        if ckpt is None:
-            raise MLOpsError("no complete checkpoint to build the final model from. Fix: rerun the training.")
+        if ckpt is None or not ckpt.is_dir():
+            raise MLOpsError(f"no complete checkpoint to build the final model from ({ckpt or 'none written'}). Fix: "
+                             "rerun the training (the selected checkpoint must stay in its folder until the end).")
         model_dir = build_final_model(prep.base["path"], t, prep.cfg.run.seed, ckpt,
                                       output_root(prep.cfg) / tracker.run_id / "hf", max_context=t.max_context,
                                       precision=prep.precision)
         profile = load_profile(model_dir)
         content_id = model_content_id(model_dir)  # once, here: every later stage reads it from the tags
-        model_uri = tracker.log_hf_model(model_dir, metadata={**prep.lineage.as_tags(), str(Tag.MODEL_ID): content_id})
+        model_uri = tracker.log_hf_model(model_dir, metadata={**prep.lineage.as_tags(), **chosen,
+                                                              str(Tag.MODEL_ID): content_id})
         tracker.log_artifact(model_dir / PROFILE_FILE, "deployment_profile")
         tracker.set_tags({Tag.PROFILE_HASH: profile.profile_hash(), Tag.PROFILE: profile.to_yaml(),
                           Tag.MODEL_ID: content_id})
     dist.barrier()
     result = TrainResult(tracker.run_id, "FINISHED", run.step, metrics, model_dir, model_uri, ckpt)
     if run.rank0:
+        tracker.set_tags(chosen)
         tracker.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)}, run.step)
         if run.trace is not None:
             run.trace.flush()
@@ -149,9 +156,27 @@ def finish(run):
             from training.checkpoint import atomic_json
 
             # The hash tells a rerun of this exact config (nothing to do) from a changed one (resume and go on).
-            atomic_json(prep.ckpt_dir / FINAL, {**result.as_dict(), "config_hash": prep.config_hash})
+            atomic_json(prep.ckpt_dir / FINAL, {**result.as_dict(), "config_hash": prep.config_hash,
+                                                "selection": run.selection.summary()})
         tracker.close("FINISHED")
     return result
+
+
+def selection_tags(run, ckpt: Path | None) -> dict[str, str]:
+    """The run's (and so its registered version's) record of which checkpoint became the final model, and why
+    the run ended early if it did. Without train.select the final model is the last checkpoint."""
+    from mlops.lineage import Tag
+
+    sel = run.selection
+    tags = {Tag.SELECTED_CHECKPOINT: str(ckpt) if ckpt else ""}
+    if sel.active and sel.best_step is not None:
+        tags |= {Tag.SELECTED_STEP: str(sel.best_step), Tag.SELECTED_METRIC: sel.label,
+                 Tag.SELECTED_VALUE: repr(sel.best_value)}
+    else:
+        tags |= {Tag.SELECTED_STEP: str(run.step), Tag.SELECTED_METRIC: "last"}
+    if sel.stopped:
+        tags |= {Tag.EARLY_STOPPED: sel.stopped, Tag.STOP_REASON: sel.stopped}
+    return tags
 
 
 def trajectory(losses: list[float], tokens: int, seconds: float, k: int = 5) -> dict:

@@ -77,6 +77,18 @@ def flops_per_token(counts: ParamCounts, *, layers: int, hidden: int, seq_len: i
     return 6 * counts.matmul_trainable + 4 * counts.matmul_frozen + attention
 
 
+def forward_flops_per_token(counts: ParamCounts, *, layers: int, hidden: int, seq_len: int) -> float:
+    """Forward-only FLOPs per token (2 per matmul weight, causal attention forward): DPO's reference pass."""
+    return 2 * (counts.matmul_trainable + counts.matmul_frozen) + 4 * layers * hidden * (seq_len + 1) / 2
+
+
+def dpo_shape(t) -> tuple[int, bool, bool]:
+    """(sequences per sample, reference forward in every step, reference pass once before training) of a run:
+    a DPO pair is two sequences; its reference runs per step with the adapters off, or once up front."""
+    reference = t.dpo_reference()
+    return (2 if reference else 1), reference == "adapters_off", reference == "precomputed"
+
+
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 REDUCE_BUCKET = 500_000_000  # DeepSpeed 0.19.8's ZeRO-0 all-reduce bucket (fixed), in elements
 MIN_BUCKET = 1 << 20  # below ~1M elements per collective, call overhead dominates (gloo and nccl alike)
@@ -268,6 +280,10 @@ class Window:
         for k, v in values.items():
             self.sums[k] = self.sums.get(k, 0.0) + float(v)
 
+    def charge(self, seconds: float) -> None:
+        """Time the run spent between steps on its own work (in-run eval): it counts in step time and tokens/s."""
+        self.seconds += seconds
+
     def flush(self, *, flops_per_token: float, peak_flops: float, device: str) -> dict[str, float]:
         if not self.steps:
             return {}
@@ -321,6 +337,9 @@ class NullTracker:
 
     def flush(self) -> None:
         pass
+
+    def watch_system(self, interval: float):
+        return lambda: None
 
     def close(self, status="FINISHED", reason=None) -> None:
         pass

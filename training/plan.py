@@ -14,7 +14,9 @@ import numpy as np
 from training.metrics import (
     count_params,
     decoder_layer_params,
+    dpo_shape,
     flops_per_token,
+    forward_flops_per_token,
     measured_peak_flops,
     memory_plan,
 )
@@ -33,19 +35,21 @@ def lengths(reader, max_len: int | None, probe: int = 256) -> tuple[float, int]:
     return float(np.mean(real)), max(max(real), 1)
 
 
-def warmup_step_seconds(model, micro_batch, accum: int, device: str, repeats: int = 2) -> float:
-    """Measured seconds of one optimizer step's forward/backward work, leaving RNG and gradients untouched."""
+def warmup_step_seconds(model, micro_batch, accum: int, device: str, repeats: int = 2, objective=None) -> float:
+    """Measured seconds of one optimizer step's forward/backward work (the run's own objective: DPO's includes
+    its per-step reference forward), leaving RNG and gradients untouched."""
     import torch
 
     from training.checkpoint import rng_state, set_rng_state
+    from training.dpo import SftObjective
 
     saved = rng_state()
     model.train()
-    batch = {k: getattr(micro_batch, k).to(device) for k in ("input_ids", "attention_mask", "labels")}
+    objective = objective or SftObjective()
     times = []
     for _ in range(repeats + 1):
         started = time.perf_counter()
-        model(**batch).loss.backward()
+        objective.micro_loss(model, micro_batch, device)[0].backward()
         times.append(time.perf_counter() - started)
     for p in model.parameters():
         p.grad = None
@@ -61,11 +65,15 @@ def make_plan(model, prep, reader, micro_batch, device: str, *, measure: bool = 
     layers, hidden = mc.num_hidden_layers, mc.hidden_size
     mean_len, max_len = lengths(reader, t.max_seq_len)
     counts = count_params(model)
-    fpt = flops_per_token(counts, layers=layers, hidden=hidden, seq_len=round(mean_len))
-    tokens = t.max_steps * prep.global_batch * mean_len
+    rows, per_step_reference, reference_pass = dpo_shape(t)
+    shape = {"layers": layers, "hidden": hidden, "seq_len": round(mean_len)}
+    train_fpt = flops_per_token(counts, **shape)
+    reference_fpt = forward_flops_per_token(counts, **shape)
+    fpt = train_fpt + (reference_fpt if per_step_reference else 0.0)
+    tokens = t.max_steps * prep.global_batch * rows * mean_len
     seq = max_len
     layer_params = decoder_layer_params(counts, mc)
-    memory = memory_plan(counts, zero_stage=t.zero_stage, world=prep.world_size, micro=prep.micro, seq_len=seq,
+    memory = memory_plan(counts, zero_stage=t.zero_stage, world=prep.world_size, micro=prep.micro * rows, seq_len=seq,
                          layers=layers, hidden=hidden, heads=mc.num_attention_heads, vocab=mc.vocab_size,
                          precision=prep.precision, offload=t.offload, checkpointing=t.activation_checkpointing,
                          layer_params=layer_params, score_matrices=device == "cpu",  # as the planner assumes
@@ -87,10 +95,42 @@ def make_plan(model, prep, reader, micro_batch, device: str, *, measure: bool = 
         "peak_flops": peak,
         **{f"memory_{k}_bytes": v for k, v in memory.items()},
     }
+    # A precomputed reference is one forward over every pair of both splits, before the first step.
+    reference_tokens = _all_rows(reader) * mean_len if reference_pass else 0.0
+    if reference_pass:
+        plan.update(dpo_reference_tokens=reference_tokens, dpo_reference_flops=reference_fpt * reference_tokens)
     if measure:
-        step_s = warmup_step_seconds(model, micro_batch, prep.accum, device)
-        plan.update(warmup_step_s=step_s, wall_time_s=step_s * t.max_steps)
+        from training.inrun_eval import planned_seconds
+
+        step_s = warmup_step_seconds(model, micro_batch, prep.accum, device, objective=_timing_objective(t))
+        rate = prep.global_batch * rows * mean_len / step_s
+        evals = planned_seconds(prep.suites, t.eval, t.max_steps, rate)
+        reference_s = reference_tokens * reference_fpt / (rate * fpt) if reference_pass else 0.0
+        plan.update(warmup_step_s=step_s, inrun_eval_s=evals, dpo_reference_s=reference_s,
+                    wall_time_s=step_s * t.max_steps + evals + reference_s)
     return plan
+
+
+class _NoReference:
+    """Stands in for a precomputed reference in the warm-up (it is a lookup, not compute, in every step)."""
+
+    def logps(self, model, mb, device, split):
+        import torch
+
+        return torch.zeros(2 * len(mb.sample_ids), dtype=torch.float64)
+
+
+def _timing_objective(t):
+    from training.dpo import objective_for
+
+    return objective_for(t, _NoReference() if t.dpo_reference() == "precomputed" else None)
+
+
+def _all_rows(reader) -> int:
+    """Rows of both splits (the reader is the training split's)."""
+    from mlops.data.format import SnapshotReader
+
+    return len(reader) + len(SnapshotReader(reader.folder, "validation"))
 
 
 def describe(plan: dict) -> str:

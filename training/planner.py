@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from mlops.errors import ConfigError
 from training.hardware import USABLE, Hardware
+from training.metrics import dpo_shape
 
 MARGIN = 1.2  # the field guides' 20% reserve on wall time: restarts, evaluation, checkpoints, stragglers
 LORA_MODES = ("lora", "qlora")
@@ -48,15 +49,64 @@ class Shape:
         return out
 
 
+def _declared(base_path: str) -> dict:
+    """The base model's config.json as written (empty when there is none, e.g. a GGUF-only folder)."""
+    import json
+    from pathlib import Path
+
+    path = Path(base_path) / "config.json"
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{path} is not readable JSON ({err}). Fix: restore the base model's config.json (import "
+                          "it again: `mlops base-model import`), or point base_model at another folder.") from None
+
+
+def _architecture_fix(model_type: object, base_path: str, declared: dict, why: str) -> ConfigError:
+    import transformers
+
+    said = f"config.json says model_type={model_type!r}" if model_type else "config.json names no model_type"
+    custom = " Its own modelling code (auto_map) is not run: trust_remote_code stays off." \
+        if declared.get("auto_map") else ""
+    return ConfigError(
+        f"base model {base_path}: {said}, {why} (transformers "
+        f"{transformers.__version__}).{custom} Fix: point base_model at a causal LM whose model_type transformers "
+        "knows (e.g. llama, mistral, qwen2), or upgrade transformers if the architecture is newer than this "
+        "release (pip install -U transformers)."
+    )
+
+
+def _config(base_path: str):
+    """transformers' config for the base model; ConfigError naming the model_type when it knows none."""
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    declared = _declared(base_path)
+    model_type = declared.get("model_type")
+    if declared and not (isinstance(model_type, str) and model_type in CONFIG_MAPPING):
+        why = "an architecture transformers does not know" if model_type else "so its architecture is unknown"
+        raise _architecture_fix(model_type, base_path, declared, why)
+    try:
+        return AutoConfig.from_pretrained(base_path, trust_remote_code=False)
+    except ValueError as err:  # a folder without config.json that transformers cannot read either
+        raise ConfigError(f"base model {base_path}: transformers cannot read its config ({str(err).splitlines()[0]})."
+                          " Fix: point base_model at a Hugging Face model folder with a config.json.") from None
+
+
 def meta_model(base_path: str, t):
     """The model as training would build it (LoRA wrapper included), on the meta device: shapes, no weights."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(base_path, trust_remote_code=False)
+    config = _config(base_path)
     config.quantization_config = None  # a GGUF/quantized origin would otherwise ask for its loader
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        try:
+            model = AutoModelForCausalLM.from_config(config)
+        except ValueError:  # an encoder or seq2seq model: no causal-LM class for its config
+            raise _architecture_fix(config.model_type, base_path, _declared(base_path),
+                                    "an architecture with no causal-LM class (AutoModelForCausalLM)") from None
         if t.mode in LORA_MODES:  # QLoRA's base is quantized at load; its shapes and adapters are LoRA's
             from peft import LoraConfig, get_peft_model
 
@@ -113,7 +163,8 @@ class Costing:
         # On CUDA, SDPA takes the flash / memory-efficient kernels (no score matrices); on a CPU the plan keeps
         # them, as the in-run plan always has.
         counts = self.counts(shape)
-        plan = memory_plan(counts, zero_stage=shape.zero_stage, world=shape.world, micro=shape.micro,
+        rows = dpo_shape(self.t)[0]  # a DPO micro batch of m pairs runs 2m sequences
+        plan = memory_plan(counts, zero_stage=shape.zero_stage, world=shape.world, micro=shape.micro * rows,
                            seq_len=self.seq_len, layers=self.layers, hidden=self.hidden, heads=self.heads,
                            vocab=self.vocab, precision=shape.precision, offload=shape.offload,
                            checkpointing=shape.checkpointing, score_matrices=not self.hw.gpu,
@@ -123,9 +174,17 @@ class Costing:
             if shape.mode == "qlora" else plan
 
     def flops_per_token(self, shape: Shape) -> float:
+        """Per trained token, with DPO's reference forward when it runs in every step (adapters off)."""
         from training.metrics import flops_per_token
 
-        return flops_per_token(self.counts(shape), layers=self.layers, hidden=self.hidden, seq_len=round(self.mean_len))
+        model = flops_per_token(self.counts(shape), layers=self.layers, hidden=self.hidden, seq_len=round(self.mean_len))
+        return model + (self.reference_flops_per_token(shape) if dpo_shape(self.t)[1] else 0.0)
+
+    def reference_flops_per_token(self, shape: Shape) -> float:
+        from training.metrics import forward_flops_per_token
+
+        return forward_flops_per_token(self.counts(shape), layers=self.layers, hidden=self.hidden,
+                                       seq_len=round(self.mean_len))
 
     def recompute(self, shape: Shape) -> float:
         """Wall-time factor of activation checkpointing: each token's forward (2 FLOPs per matmul weight) runs
@@ -237,6 +296,37 @@ def _tokens_of(snapshot: str | None) -> tuple[dict, str | None]:
     return manifest, None
 
 
+def check_mfu(mfu: float) -> float:
+    """MFU is a share of the device's peak: (0, 1]."""
+    if not 0 < mfu <= 1:
+        raise ConfigError(f"--mfu {mfu:g} is not a model FLOPs utilisation: it is the share of the device's peak "
+                          "FLOP/s the job reaches, so it lies in (0, 1]. Fix: pass e.g. --mfu 0.4 (GPUs reach about "
+                          "0.3-0.5), or the `mfu` metric a smoke run logs.")
+    return mfu
+
+
+def _keep_batch(own: int, micro: int, gpus: int) -> str:
+    """The overrides that keep the batch `own` on `gpus` devices, or why none can."""
+    if own % gpus:
+        return f"the batch of {own} cannot be kept on {gpus} devices: it is not a multiple of {gpus}"
+    per_device = own // gpus
+    fitting = max(m for m in range(1, micro + 1) if per_device % m == 0)
+    smaller = f" train.micro_batch_size={fitting}" if fitting != micro else ""
+    return f"set train.global_batch_size={own}{smaller} to keep the batch"
+
+
+def batch_warnings(t, gpus: int, global_batch: int) -> list[str]:
+    """The linear learning-rate rule, when the planned global batch is not the one train.lr was set for: the
+    config's own at its own layout (train.global_batch_size, else micro batch x grad accum on one device)."""
+    own = t.global_batch_size or t.micro_batch_size * t.grad_accum
+    if global_batch == own:
+        return []
+    factor = global_batch / own
+    return [f"global batch {global_batch} != {own} the learning rate was set for; by the linear scaling rule "
+            f"scale train.lr by {factor:g}x (train.lr={t.lr * factor:.3g}) (or "
+            f"{_keep_batch(own, t.micro_batch_size, gpus)})"]
+
+
 def plan_job(cfg, *, hw: Hardware, gpus: int = 1, tokens: float | None = None, mfu: float | None = None,
              seq_len: int | None = None, deadline_s: float | None = None, base_path: str | None = None) -> dict:
     """The plan of `cfg` on `gpus` devices of `hw`; a dict that `describe` prints and tests read."""
@@ -245,6 +335,7 @@ def plan_job(cfg, *, hw: Hardware, gpus: int = 1, tokens: float | None = None, m
     t = require_section(cfg, "train")
     if gpus < 1:
         raise ConfigError(f"--gpus {gpus} is not a positive number of devices. Fix: pass --gpus 1 or more.")
+    mfu = check_mfu(mfu if mfu is not None else hw.mfu)
     micro, accum, global_batch = t.batch_layout(gpus)
     manifest, why = _tokens_of(t.snapshot)
     seq = seq_len or t.max_seq_len or manifest.get("seq_len")
@@ -257,33 +348,42 @@ def plan_job(cfg, *, hw: Hardware, gpus: int = 1, tokens: float | None = None, m
     snapshot_tokens = split.get("tokens")
     # Batches are cut to their longest sample: a snapshot's mean sample length drives compute, its seq_len memory.
     mean_len = min(seq, snapshot_tokens / split["records"]) if snapshot_tokens and split.get("records") else seq
+    rows, _, reference_pass = dpo_shape(t)
     if tokens is None:
-        tokens = float(t.max_steps * global_batch * mean_len)
+        tokens = float(t.max_steps * global_batch * rows * mean_len)
     if base_path is None:
         from mlops.base_models import ensure_base_model
 
         base_path = ensure_base_model(cfg.base_model)["path"]
     precision = resolve_precision(t.precision, hw)
+    peak = hw.peak(precision)
     shape = Shape(t.mode, precision, t.zero_stage, t.offload, t.activation_checkpointing, micro, gpus)
     cost = Costing(meta_model(base_path, t), t, int(seq), mean_len, hw)
     counts, memory = cost.counts(shape), cost.memory(shape)
     fpt = cost.flops_per_token(shape)
-    mfu = mfu if mfu is not None else hw.mfu
-    rate = hw.peak(precision) * (gpus if hw.gpu else 1) * mfu  # CPU ranks share one machine's cores
-    wall = tokens * fpt / rate * cost.recompute(shape)
+    rate = peak * (gpus if hw.gpu else 1) * mfu  # CPU ranks share one machine's cores
+    train_s = tokens * fpt / rate * cost.recompute(shape)
+    evals = _inrun_eval_seconds(t, tokens / train_s)
+    # DPO, full fine-tuning: one reference forward over every sequence of the snapshot before the first step.
+    # Without a snapshot, the sequences the steps read stand in for the snapshot.
+    reference_tokens = (_all_tokens(manifest, mean_len) or tokens) if reference_pass else 0.0
+    reference_s = reference_tokens * cost.reference_flops_per_token(shape) / rate
+    wall = train_s + evals + reference_s
     fits = cost.fits(shape)
     plan = {
         "hardware": hw.name, "gpus": gpus, "precision": precision, "mode": t.mode, "zero_stage": t.zero_stage,
         "offload": t.offload, "activation_checkpointing": t.activation_checkpointing,
         "micro_batch_size": micro, "grad_accum": accum, "global_batch": global_batch, "seq_len": int(seq),
         "mean_len": mean_len, "params_total": counts.total, "params_trainable": counts.trainable,
-        "tokens": tokens, "snapshot_tokens": snapshot_tokens, "steps": math.ceil(tokens / (global_batch * mean_len)),
-        "flops_per_token": fpt, "flops_total": fpt * tokens, "peak_flops_per_device": hw.peak(precision), "mfu": mfu,
-        "wall_time_s": wall, "wall_time_with_margin_s": wall * MARGIN,
+        "tokens": tokens, "snapshot_tokens": snapshot_tokens, "steps": math.ceil(tokens / (global_batch * rows * mean_len)),
+        "flops_per_token": fpt, "flops_total": fpt * tokens, "peak_flops_per_device": peak, "mfu": mfu,
+        "wall_time_s": wall, "wall_time_with_margin_s": wall * MARGIN, "inrun_eval_s": evals,
+        "objective": t.objective, "dpo_reference_s": reference_s,
         **{f"memory_{k}_bytes": v for k, v in memory.items()},
         "memory_limit_bytes": cost.limit(shape), "fits": fits,
         "fixes": [] if fits else [{"overrides": shape.overrides(s), "memory_bytes": cost.memory(s)["total"]}
                                   for s in what_fits(cost, shape, t)],
+        "warnings": batch_warnings(t, gpus, global_batch),
     }
     if deadline_s is not None:
         plan["deadline_s"] = deadline_s
@@ -291,6 +391,23 @@ def plan_job(cfg, *, hw: Hardware, gpus: int = 1, tokens: float | None = None, m
         if not plan["meets_deadline"] and hw.gpu and deadline_s > 0:
             plan["gpus_for_deadline"] = math.ceil(gpus * wall * MARGIN / deadline_s)
     return plan
+
+
+def _all_tokens(manifest: dict, mean_len: float) -> float:
+    """Tokens of both splits (the snapshot's own count, else its rows at the mean length)."""
+    per_split = manifest.get("counts", {}).get("per_split", {})
+    total = sum(float(s.get("tokens") or 0) for s in per_split.values())
+    rows = sum(int(n) for n in (manifest.get("counts", {}).get("samples") or {}).values())
+    return total or rows * mean_len
+
+
+def _inrun_eval_seconds(t, train_tokens_per_s: float) -> float:
+    """train.eval's suites, run every N steps, at the plan's own training rate (they are part of the job)."""
+    if not t.eval.suites:
+        return 0.0
+    from training.inrun_eval import check_suites, planned_seconds
+
+    return planned_seconds(check_suites(t.eval, None), t.eval, t.max_steps, train_tokens_per_s)
 
 
 def _hours(seconds: float) -> str:
@@ -324,8 +441,14 @@ def describe(plan: dict) -> str:
         f"memory   {plan['memory_total_bytes'] / gib:.1f} GiB per rank of {plan['memory_limit_bytes'] / gib:.1f} GiB "
         f"usable, {_peak_phase(plan)}",
         f"time     {_hours(plan['wall_time_s'])} at MFU {plan['mfu']:.2f} of {plan['peak_flops_per_device']:.3g} FLOP/s "
-        f"per device; {_hours(plan['wall_time_with_margin_s'])} with the 20% margin",
+        f"per device; {_hours(plan['wall_time_with_margin_s'])} with the 20% margin"
+        + (f" (in-run eval: {_hours(plan['inrun_eval_s'])})" if plan.get("inrun_eval_s") else "")
+        + (f" (DPO reference pass: {_hours(plan['dpo_reference_s'])})" if plan.get("dpo_reference_s") else ""),
     ]
+    if plan.get("objective") == "dpo":
+        lines.append("dpo      each pair is two sequences (chosen, rejected) in one forward"
+                     + ("; the reference is computed once up front" if plan.get("dpo_reference_s")
+                        else "; a reference forward with the adapters off runs in every step"))
     if plan["fits"]:
         lines.append("verdict  fits")
     elif plan["fixes"]:
@@ -341,6 +464,7 @@ def describe(plan: dict) -> str:
             more = f"; about {plan['gpus_for_deadline']} devices would make it" if plan.get("gpus_for_deadline") else ""
             lines.append(f"deadline MISSED: {_hours(plan['wall_time_with_margin_s'])} needed, "
                          f"{_hours(max(0.0, plan['deadline_s']))} available{more}")
+    lines += [f"warning  {w}" for w in plan.get("warnings", [])]
     return "\n".join(lines)
 
 

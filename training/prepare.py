@@ -39,6 +39,7 @@ class Prepared:
     changes: dict = field(default_factory=dict)  # {dotted key: (checkpoint's value, this run's)} on a resume
     lock: object | None = None  # training.lock.TrainLock, held from here until the run ends
     precision: str = "fp32"  # train.precision resolved for this machine's device
+    suites: list = field(default_factory=list)  # train.eval.suites, loaded (evaluation.suites.Suite)
 
     def release(self) -> None:
         if self.lock is not None:
@@ -83,30 +84,45 @@ def prepare(cfg, world_size: int = 1, *, smoke: bool = False, verify_inputs: boo
     from training.data_loader import open_snapshot, resolve_snapshot_id
 
     t = require_section(cfg, "train")
+    t.snapshot = resolve_snapshot_id(t.snapshot)  # hash the concrete id, never "latest"
+    vetted = config_hash(cfg)  # the real run's hash: a smoke run of it records this one (training.smoke_rule)
     if smoke:
         apply_smoke(cfg)
     micro, accum, global_batch = t.batch_layout(world_size)
-    t.snapshot = resolve_snapshot_id(t.snapshot)  # hash the concrete id, never "latest"
     digest = config_hash(cfg)
     early = collect_lineage(digest, cfg.run.seed, base_model=cfg.base_model, snapshot_id=t.snapshot)
     enforce_release(early, cfg.run.release)
     snapshot_dir, manifest = open_snapshot(t.snapshot, verify=verify_inputs)
     _check_seq_len(manifest, snapshot_dir)
+    from training.pairs import check_record_type
+
+    check_record_type(manifest, t.objective, t.snapshot)  # pairs to DPO, chats to SFT: refused before compute
+    from training.inrun_eval import check_suites
+
+    suites = check_suites(t.eval, t.select.metric)
     base = ensure_base_model(cfg.base_model)
     if lock:  # the launcher (or the only process) checks; its workers trust it
         from training.consistency import check_tokenizer
 
         check_tokenizer(manifest, t.snapshot, base)
     precision, verdict = _check_plan(cfg, world_size, base["path"], checked=lock)
+    smoke_tags = {}
+    if lock:  # the launcher (or the only process) decides; its workers trust it
+        from training.smoke_rule import smoke_tags as rule
+
+        smoke_tags = rule(cfg, world_size, base["path"], vetted, smoke=smoke)
     lineage = collect_lineage(
         digest, cfg.run.seed, base_model=base["name"], base_model_id=base["id"], snapshot_id=t.snapshot,
         extra={Tag.STAGE: "train", Tag.WORLD_SIZE: world_size, Tag.ZERO_STAGE: t.zero_stage,
                **({Tag.DATA_RUN: data_run} if (data_run := data_run_of(t.snapshot)) else {}),
                Tag.PRECISION: precision, **({Tag.PLAN_VERDICT: verdict} if verdict else {}),
-               Tag.TRAIN_MODE: t.mode, Tag.SMOKE: str(smoke).lower(), Tag.RELEASE: str(cfg.run.release).lower()},
+               Tag.TRAIN_MODE: t.mode, Tag.TRAIN_OBJECTIVE: t.objective, Tag.SMOKE: str(smoke).lower(),
+               Tag.RELEASE: str(cfg.run.release).lower(),
+               **smoke_tags},
     )
     prep = Prepared(cfg, t.snapshot, snapshot_dir, base, world_size, micro, accum, global_batch,
-                    ckpt_dir or _ckpt_dir(t, digest, smoke), digest, lineage, smoke=smoke, precision=precision)
+                    ckpt_dir or _ckpt_dir(t, digest, smoke), digest, lineage, smoke=smoke, precision=precision,
+                    suites=suites)
     if lock:
         from training.lock import TrainLock
 

@@ -153,12 +153,15 @@ def already_done(prep: Prepared, tracker, rank: int):
 
 
 class Heartbeat:
-    """Stamps `Tag.HEARTBEAT` (unix seconds) on the run every `interval` seconds from a daemon thread."""
+    """Stamps `Tag.HEARTBEAT` (unix seconds) on the run every `interval` seconds from a daemon thread, and keeps
+    MLflow's system-metrics monitor running on it (`train.system_metrics_seconds`)."""
 
-    def __init__(self, tracker, interval: float) -> None:
+    def __init__(self, tracker, interval: float, system_metrics_s: float | None = None) -> None:
         self.tracker, self.interval = tracker, interval
+        self.system_metrics_s = system_metrics_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._stop_system = None
 
     def beat(self) -> None:
         from mlops.lineage import Tag
@@ -170,6 +173,11 @@ class Heartbeat:
 
     def start(self) -> Heartbeat:
         self.beat()
+        if self.system_metrics_s:
+            try:
+                self._stop_system = self.tracker.watch_system(self.system_metrics_s)
+            except Exception as err:  # noqa: BLE001 - a monitor that cannot start must never stop training
+                log.warning("system metrics for run %s are off: %s", self.tracker.run_id, err)
         self._thread = threading.Thread(target=self._run, name="train-heartbeat", daemon=True)
         self._thread.start()
         return self
@@ -180,6 +188,9 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._stop_system is not None:
+            self._stop_system()
+            self._stop_system = None
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None

@@ -113,6 +113,7 @@ class Saver:
         self._error: BaseException | None = None
         self._pending: str | None = None
         self.last_complete: Path | None = None
+        self.protect: Path | None = None  # a checkpoint retention must keep besides the newest (the selected best)
         self.last_save_s = 0.0  # what the step loop waited for
         self.last_total_s = 0.0  # until the manifest was on disk (what a preemption's grace must cover)
 
@@ -177,7 +178,7 @@ class Saver:
         try:
             from mlops.lineage import Tag
 
-            retention(self.dir, self.keep_last, self.keep_every, protect=folder)
+            retention(self.dir, self.keep_last, self.keep_every, protect=(folder, *([self.protect] if self.protect else [])))
             artifact = f"checkpoints/{folder.name}/{MANIFEST}"
             self.tracker.log_dict(manifest, artifact)
             # A reference every machine of the team resolves through the tracking server, not a local path.

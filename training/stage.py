@@ -11,3 +11,4 @@ def register(stages) -> None:
     stages.add_section("sweep", SweepConfig)
     stages.add_commands("train", "training.cli:app")
     stages.add_commands("sweep", "training.sweep_cli:app")
+    stages.add_commands("usage", "training.usage_cli:app")

@@ -22,6 +22,8 @@ def run_step(run, window) -> dict:
     started, cpu_started = time.perf_counter(), time.process_time()
     batch = run.batches.next_step(all_ids=run.rank0)
     loss_sum = torch.zeros((), dtype=torch.float64)
+    objective = run.objective
+    stat_sums = torch.zeros(len(objective.stat_names), dtype=torch.float64)
     tokens = 0
     if t.debug.sigterm_at_step == step and run.rank0:
         import os
@@ -29,11 +31,9 @@ def run_step(run, window) -> dict:
 
         os.kill(os.getpid(), signal.SIGTERM)  # a preemption notice reaching one rank mid-step
     for j, mb in enumerate(batch.micro):
-        out = engine(input_ids=mb.input_ids.to(dev), attention_mask=mb.attention_mask.to(dev),
-                     labels=mb.labels.to(dev))
-        loss = out.loss
-        if mb.loss_tokens == 0:
-            loss = out.logits.sum() * 0.0  # nothing to learn here; the model's mean over zero labels is NaN
+        loss, stats = objective.micro_loss(engine, mb, dev)
+        if stats is not None:
+            stat_sums += stats
         if t.debug.nan_at_step == step:
             loss = loss * float("nan")
         if t.debug.spike_at_step == step:
@@ -45,9 +45,9 @@ def run_step(run, window) -> dict:
             engine.step()  # not a boundary: DeepSpeed only counts the micro step
     grad_norm = grad_norm_before_step(engine)
     want_save = bool(t.checkpoint.every_seconds and time.monotonic() - run.last_save >= t.checkpoint.every_seconds)
-    stats = torch.tensor([float(loss_sum) / len(batch.micro), float(tokens), float(want_save), float(STOP.requested)],
-                         dtype=torch.float64, device=dev)  # nccl reduces device tensors only
-    dist.all_reduce(stats)
+    stats = torch.cat([torch.tensor([float(loss_sum) / len(batch.micro), float(tokens), float(want_save),
+                                     float(STOP.requested)], dtype=torch.float64), stat_sums]).to(dev)
+    dist.all_reduce(stats)  # one collective a step (nccl reduces device tensors only)
     stats = stats.cpu()
     loss_value = float(stats[0]) / run.world.size
     ok, reason = check_finite(loss_value, grad_norm)
@@ -60,7 +60,9 @@ def run_step(run, window) -> dict:
         for group in engine.optimizer.param_groups:
             group["lr"] = float("inf")
     engine.step()
-    extra = {}
+    from training.dpo import step_metrics
+
+    extra = step_metrics(stats[4:], objective.stat_names)
     if t.guards.finite_weights:
         ok, reason, norm = check_weights(engine, dev)
         if not ok:
@@ -122,19 +124,20 @@ def incident(run, step: int, reason: str, batch, loss: float, grad_norm: float, 
 
 
 def validate(run) -> dict:
-    """Validation loss (token-weighted over the split, all ranks) and perplexity."""
+    """Validation loss (token-weighted over the split, all ranks) and perplexity; DPO runs: validate_pairs."""
     import torch
-    import torch.distributed as dist
 
     from training.data_loader import validation_batches
 
+    if run.t.objective == "dpo":
+        return validate_pairs(run)
     engine, dev = run.engine, run.world.device
     total = torch.zeros(2, dtype=torch.float64)
     engine.eval()
     batches = validation_batches(run.val_reader, micro=run.prep.micro, world=run.world.size,
                                  rank=run.world.rank, limit=run.t.eval_samples, max_len=run.t.max_seq_len)
     if run.t.zero_stage == 3:
-        batches = _same_count(list(batches), dev)
+        batches = same_count(list(batches), dev)
     with torch.no_grad():
         for mb in batches:
             n = int((mb.labels[:, 1:] != -100).sum()) if mb is not None else 0
@@ -147,16 +150,56 @@ def validate(run) -> dict:
             if n:
                 total += torch.tensor([float(out.loss) * n, n], dtype=torch.float64)
     engine.train()
-    total = total.to(dev)
-    dist.all_reduce(total)
-    total = total.cpu()
+    total = summed_over_ranks(total, dev)
     if total[1] == 0:
         return {}
     val_loss = float(total[0] / total[1])
     return {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0))}
 
 
-def _same_count(batches: list, device: str) -> list:
+def validate_pairs(run) -> dict:
+    """DPO validation over the held-out pairs (all ranks): the mean DPO loss as val_loss, with the pairs' reward
+    accuracy, margin, rewards and log-probabilities."""
+    import torch
+
+    from training.data_loader import validation_batches
+    from training.dpo import step_metrics
+    from training.pairs import to_pair_tensors
+
+    engine, dev, objective = run.engine, run.world.device, run.objective
+    if not len(run.val_reader):
+        return {}
+    batches = list(validation_batches(run.val_reader, micro=run.prep.micro, world=run.world.size, rank=run.world.rank,
+                                      limit=run.t.eval_samples, max_len=run.t.max_seq_len, collate=to_pair_tensors))
+    if run.t.zero_stage == 3:
+        batches = same_count(batches, dev)
+    # A padding batch runs the same forwards as a real one (ZeRO-3 lockstep) and counts nothing.
+    filler = to_pair_tensors([run.val_reader.get(0)], run.t.max_seq_len)
+    total = torch.zeros(1 + len(objective.stat_names), dtype=torch.float64)
+    engine.eval()
+    with torch.no_grad():
+        for mb in batches:
+            loss, stats = objective.micro_loss(engine.module, mb or filler, dev, "validation")
+            if mb is not None:
+                total += torch.cat([torch.tensor([float(loss) * len(mb.sample_ids)], dtype=torch.float64), stats])
+    engine.train()
+    total = summed_over_ranks(total, dev)
+    if total[1] == 0:
+        return {}
+    means = step_metrics(total[1:], objective.stat_names)
+    return {"val_loss": float(total[0] / total[1]), **{"val_" + k.removeprefix("dpo_"): v for k, v in means.items()}}
+
+
+def summed_over_ranks(total, device: str):
+    """An evaluation's sums over every rank (nccl reduces device tensors only), back on the CPU."""
+    import torch.distributed as dist
+
+    total = total.to(device)
+    dist.all_reduce(total)
+    return total.cpu()
+
+
+def same_count(batches: list, device: str) -> list:
     """Under ZeRO-3 every forward gathers the weights from all ranks, so every rank must run as many forwards:
     a rank with fewer validation batches pads with None (a forward that counts nothing)."""
     import torch

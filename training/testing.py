@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from training.synthetic import make_snapshot, pattern_samples  # noqa: F401 - the tests' entry point
+from training.synthetic import make_pair_snapshot, make_snapshot, pattern_samples  # noqa: F401 - the tests' entry point
 
 
 def tiny_overrides(snapshot_id: str, **extra) -> list[str]:

@@ -87,21 +87,27 @@ class _Run:
         self.step_seconds = 0.0
         self.trace = None
         self.heartbeat = None
+        self.signals = None  # the Prometheus textfile or Pushgateway (train.signals), rank 0 only
         self.last_loss: float | None = None  # the last step's loss before this process (from the checkpoint)
+        from training.selection import Selection
+
+        self.selection = Selection.from_config(self.t.select)
+        self.evals: dict = {}  # each metric's latest evaluation {name: {"step", "value"}}, in every checkpoint
 
     # ----------------------------------------------------------------- setup
 
     def execute(self) -> TrainResult:
         import torch
 
-        from mlops.data.format import SnapshotReader
-        from training.data_loader import RankBatches
+        from training.data_loader import RankBatches, to_tensors
         from training.engine import build_model, ds_config, initialize
+        from training.pairs import open_split, to_pair_tensors
 
         prep, t, w = self.prep, self.t, self.world
         seed = prep.cfg.run.seed
-        self.reader = SnapshotReader(prep.snapshot_dir, "train")
-        self.val_reader = SnapshotReader(prep.snapshot_dir, "validation")
+        self.reader = open_split(prep.snapshot_dir, "train", t.objective)  # pairs for DPO, rows for SFT
+        self.val_reader = open_split(prep.snapshot_dir, "validation", t.objective)
+        collate = to_pair_tensors if t.objective == "dpo" else to_tensors
         config = ds_config(t, w, micro=prep.micro, accum=prep.accum, universal=prep.universal,
                            precision=prep.precision, shape=_zero_shape(prep.base["path"], t))
         model = build_model(prep.base["path"], t, seed, ds=config)
@@ -109,20 +115,24 @@ class _Run:
         model.to(w.device)
         resuming = prep.resume_from is not None
         first = RankBatches(self.reader, seed=seed, micro=prep.micro, accum=prep.accum, world=w.size,
-                            rank=w.rank, max_len=t.max_seq_len).next_step().micro[0]
+                            rank=w.rank, max_len=t.max_seq_len, collate=collate).next_step().micro[0]
         from training.plan import describe, make_plan
 
         # A ZeRO-3 model is partitioned already: it runs forward only inside the engine, so no warm-up there.
         measure = not resuming and t.zero_stage != 3
-        self.plan = make_plan(model, prep, self.reader, first, w.device, measure=measure)
+        self.plan = make_plan(model, prep, getattr(self.reader, "rows", self.reader), first, w.device, measure=measure)
         self._log_start(config)
         if self.rank0:
             print(describe(self.plan), flush=True)
         self.started = time.perf_counter()
         self.engine, _, _ = initialize(model, t, config)
         self.saver = self._saver()
+        self.objective = self._objective()
         if self.rank0:
-            self.heartbeat = Heartbeat(self.tracker, t.heartbeat_seconds).start()
+            from training.signals import open_signals
+
+            self.heartbeat = Heartbeat(self.tracker, t.heartbeat_seconds, t.system_metrics_seconds).start()
+            self.signals = open_signals(t.signals, self.tracker.run_id, prep)
         if resuming:
             from training.resume import load
 
@@ -131,13 +141,27 @@ class _Run:
             state = {}
         self.batches = RankBatches(self.reader, seed=seed, micro=prep.micro, accum=prep.accum, world=w.size,
                                    rank=w.rank, start=int(state.get("data", {}).get("position", 0)),
-                                   max_len=t.max_seq_len)
+                                   max_len=t.max_seq_len, collate=collate)
         self.spike = SpikeRule(t.guards.spike_factor, t.guards.spike_window, t.guards.spike_warmup)
         self.spike.restore(state.get("spike_history"))
+        self.selection.restore(state.get("selection"))
+        self.evals = dict(state.get("evals") or {})
         self.resume_to_first_step = None
         self.trace = TraceLog.open(prep.ckpt_dir / TRACE, truncate_after=self.step) if self.rank0 else None
         torch.set_grad_enabled(True)
         return self._loop()
+
+    def _objective(self):
+        """SFT's loss, or DPO's with its reference: the starting weights' log-probabilities are computed here,
+        before any step or resume moves them (full fine-tuning), or the adapters are switched off per step."""
+        from training.dpo import objective_for
+
+        reference = None
+        if self.t.dpo_reference() == "precomputed":
+            from training.dpo_reference import ensure_reference
+
+            reference = ensure_reference(self)
+        return objective_for(self.t, reference)
 
     def _saver(self):
         from training.saver import Saver
@@ -194,7 +218,7 @@ class _Run:
         if any_rank(STOP.requested):  # the notice came during setup: there is no step to finish
             stop_on_notice(self, step_ran=False)
         try:
-            while self.step < t.max_steps:
+            while self.step < t.max_steps and not self.selection.stopped:
                 out = run_step(self, window)
                 if self.resume_to_first_step is None:
                     # From engine setup (and checkpoint load, on a resume) to the end of the first step.
@@ -202,14 +226,15 @@ class _Run:
                     self.tracker.log_metrics({"start_to_first_step_s": self.resume_to_first_step}, self.step)
                 if bar is not None:
                     bar.update(1)
+                # Before a preemption's save: its checkpoint must carry this step's evaluation, as an
+                # uninterrupted run's would, so the resumed run selects and stops exactly as that one does.
+                verdict, stop = self._evaluate(window)
                 if self.step % self.prep.cfg.run.log_every == 0 or self.step == t.max_steps or out["preempt"]:
                     self._flush(window, bar)
                 if out["preempt"]:
-                    if self.step == t.max_steps:
-                        self._maybe_validate()  # the final metrics, which a resume at this step reports
                     stop_on_notice(self)  # raises Preempted
-                stop = self._maybe_validate()
-                if out["save"] or self.step % t.checkpoint_every == 0 or self.step == t.max_steps:
+                chosen = verdict is not None and (verdict.improved or verdict.stop is not None)
+                if out["save"] or chosen or self.step % t.checkpoint_every == 0 or self.step == t.max_steps:
                     self._save()
                 if t.debug.crash_after_step == self.step:
                     self.saver.wait()
@@ -240,23 +265,55 @@ class _Run:
             metrics["tokens_seen"] = float(self.tokens_seen)
             self.last_metrics = metrics
             self.tracker.log_metrics(metrics, self.step)
+            if self.signals is not None:
+                self.signals.observe(self.step, metrics)
             if bar is not None:
                 bar.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}", refresh=False)
 
-    def _maybe_validate(self) -> str | None:
-        if self.step % self.t.eval_every and self.step != self.t.max_steps:
-            return None
-        from training.steps import validate
+    def _evaluate(self, window):
+        """The evaluations due at this step (validation loss, in-run eval suites), then the selection rule and
+        the report callback. Returns (the selection's verdict or None, a report's stop reason or None)."""
+        from training.inrun_eval import due, evaluate
 
-        self.val = validate(self)
-        self.tracker.log_metrics(self.val, self.step)
+        t, step = self.t, self.step
+        measured: dict[str, float] = {}
+        if due(step, t.eval_every, t.max_steps):
+            from training.steps import validate
+
+            self.val = validate(self)
+            measured.update(self.val)
+        if self.prep.suites and due(step, t.eval.every, t.max_steps):
+            scores = evaluate(self, self.prep.suites, t.eval, self.prep.cfg.run.seed)
+            window.charge(scores["train_eval_s"])
+            measured.update(scores)
+        if not measured:
+            return None, None
+        self.evals.update({name: {"step": step, "value": value} for name, value in measured.items()})
+        self.tracker.log_metrics(measured, step)
+        if self.signals is not None:
+            self.signals.observe(step, measured)
+        verdict = self.selection.observe(step, measured)
+        if verdict is not None and self.rank0:
+            self.tracker.log_metrics({f"best_{self.selection.metric}": self.selection.best_value}, step)
+            if verdict.stop:
+                print(verdict.stop, flush=True)
+        if "val_loss" not in measured:
+            return verdict, None
         reason = None
         if self.report is not None:
             try:
-                self.report(self.step, {**self.val, "loss": self.losses[-1] if self.losses else math.nan})
+                self.report(step, {**self.val, "loss": self.losses[-1] if self.losses else math.nan})
             except StopTraining as err:
-                reason = str(err) or f"stopped by report at step {self.step}"
-        return _agree(reason, self.world.device)
+                reason = str(err) or f"stopped by report at step {step}"
+        return verdict, _agree(reason, self.world.device)
+
+    def final_checkpoint(self):
+        """The checkpoint the final model is built from: the selected best, else the last complete one."""
+        if self.selection.active and self.selection.best_step is not None:
+            from training.checkpoint import tag_for
+
+            return self.prep.ckpt_dir / tag_for(self.selection.best_step)
+        return self.saver.last_complete
 
     def _save(self) -> None:
         from training.checkpoint import gather_rng
@@ -267,10 +324,13 @@ class _Run:
                 "global_batch": self.prep.global_batch}
         client = {"step": self.step, "tokens_seen": self.tokens_seen, "data": data, "rng": rngs,
                   "spike_history": self.spike.state(), "world_size": self.world.size, "val": self.val,
+                  "selection": self.selection.state(), "evals": self.evals,
                   "loss": self.losses[-1] if self.losses else self.last_loss,
                   "last_metrics": self.last_metrics, "universal_checkpoint_info": {"universal_checkpoint_version": 0.2}}
         fields = {"tokens_seen": self.tokens_seen, "world_size": self.world.size, "zero_stage": self.t.zero_stage,
-                  "precision": self.prep.precision, "data": data, "global_batch": self.prep.global_batch}
+                  "precision": self.prep.precision, "data": data, "global_batch": self.prep.global_batch,
+                  "eval": self.evals, "selection": self.selection.summary() if self.selection.active else None}
+        self.saver.protect = self.final_checkpoint() if self.selection.active else None
         self.saver.save(self.engine, self.step, client, fields)
         self.last_save = time.monotonic()
         self.tracker.log_metrics({"checkpoint_save_s": self.saver.last_save_s}, self.step)
@@ -290,6 +350,8 @@ class _Run:
     def release(self) -> None:
         if self.heartbeat is not None:
             self.heartbeat.stop()
+        if self.signals is not None:
+            self.signals.close()
         if self.trace is not None:
             self.trace.close()
         if self.engine is not None:

@@ -34,6 +34,8 @@ class TaskSpec:
     template: str = "{{prompt}}"
     scorer: str | None = None  # generation scorer (evaluation.metrics.SCORERS)
     max_gen_toks: int = 64
+    target_delimiter: str | None = None  # between prompt and answer; None: lm-eval's (a space)
+    rendered: bool = False  # prompts already rendered with the chat template (as trained): never rendered again
 
     def items(self) -> list[dict]:
         import json
@@ -93,7 +95,8 @@ def load_suite(folder: Path, *, check_fingerprint: bool = True) -> Suite:
         tasks.append(TaskSpec(
             name=raw["name"], file=folder / raw["file"], kind=raw["kind"], primary=raw["primary"],
             area=raw["area"], template=raw.get("template", "{{prompt}}"), scorer=raw.get("scorer"),
-            max_gen_toks=int(raw.get("max_gen_toks", 64)),
+            max_gen_toks=int(raw.get("max_gen_toks", 64)), target_delimiter=raw.get("target_delimiter"),
+            rendered=bool(raw.get("rendered", False)),
         ))
     return Suite(spec["name"], int(spec["version"]), spec.get("description", ""), folder, fingerprint, tasks,
                  float(spec.get("baseline_margin", 0.10)))
@@ -131,8 +134,11 @@ def task_config(suite: Suite, task: TaskSpec) -> dict:
         "dataset_kwargs": {"data_files": {"test": str(task.file)}},
         "test_split": "test",
         "doc_to_text": task.template,
-        "metadata": {"version": suite.version, "suite": suite.name, "area": task.area},
+        "metadata": {"version": suite.version, "suite": suite.name, "area": task.area,
+                     **({"rendered": True} if task.rendered else {})},
     }
+    if task.target_delimiter is not None:
+        config["target_delimiter"] = task.target_delimiter
     if task.kind == "multiple_choice":
         config |= {
             "output_type": "multiple_choice",

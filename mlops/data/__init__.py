@@ -8,7 +8,8 @@ Pipeline (`mlops data build --config <yaml>`, or `mlflow run mlproject -e data -
     clean.py     per record in worker processes: pii.py scrub (pii_structured / pii_context detectors)
                  -> filters.py (registered quality filters, language id) -> decontam.py (eval items held per
                  message, the rule the eval report shares); then dedup.py exact and MinHash LSH near dedup,
-                 confirmed by similarity, in record order, also against earlier snapshots
+                 confirmed by similarity, in record order, also against earlier snapshots; then, when on,
+                 perplexity.py scores what dedup kept and sets aside the outliers (bounds from the whole snapshot)
     mixing.py    target shares per capability domain (+ history snapshot at a ratio, incremental mode)
     checks.py    per record after tokenize.py (chat template, assistant-only loss masks): template, token bounds
                  (drop or truncate), loss tokens; then gate.py validates the batch with a registered, versioned

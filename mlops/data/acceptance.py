@@ -9,7 +9,11 @@ What the field guides ask before training, measured on every build:
   * sequence lengths: the whole sequence (chat template included, before truncation) of every record that reached
     tokenization, a suggested max_seq_len (p99 rounded up to a multiple of 64) and the share a chosen length
     (`data.accept.max_seq_len`, else `data.seq_len`) and the suggestion truncate;
-  * tokenizer fragmentation against a general-text baseline (mlops.data.fragmentation).
+  * tokenizer fragmentation against a general-text baseline (mlops.data.fragmentation);
+  * sufficiency: records the snapshot holds, in all and per domain, against `data.min_records` and
+    `data.accept.min_records_per_domain`; below a floor the build fails naming the domain and how many more records
+    it needs, or, with `data.accept.sufficiency: warn`, publishes with the shortfall as a warning;
+  * with `data.filters.perplexity` on: the score distribution before and after that filter, and its bounds.
 
 The report is assembled where the local and Ray executors meet (the build's consumer of their ordered results)
 from sums over records, so both give the same report. Over the threshold the build fails before it publishes
@@ -26,6 +30,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from mlops.data import perplexity
 from mlops.data.config import AcceptConfig
 from mlops.data.fragmentation import fragmentation
 from mlops.data.lengths import share_over, summary
@@ -71,7 +76,44 @@ def sequence_lengths(hist: Counter, chosen: int) -> dict:
             "truncated_share_at_suggested": share_over(hist, suggested)}
 
 
-def judge(report: dict, accept: AcceptConfig) -> dict:
+def holdings(writer: Any, data: Any) -> dict:
+    """Records the snapshot holds, in all and per domain (train and validation, history samples included); a
+    domain data.mix.ratios asks for and the snapshot lacks is listed with 0."""
+    by_domain: Counter[str] = Counter({d: 0 for d, share in data.mix.ratios.items() if share > 0})
+    for rows in writer.by_domain.values():
+        for domain, c in rows.items():
+            by_domain[domain] += c["records"]
+    if writer.history:
+        by_domain.update(writer.history["domains"])
+    return {"records": sum(by_domain.values()), "by_domain": dict(sorted(by_domain.items()))}
+
+
+def shortfalls(held: dict | None, accept: AcceptConfig, min_records: int) -> list[dict]:
+    """Each floor the snapshot misses: {"domain" (None: the whole snapshot), "records", "floor", "needs", "key"}."""
+    if not held:
+        return []  # built before sufficiency was measured
+    out = []
+    if held["records"] < min_records:
+        out.append({"domain": None, "records": held["records"], "floor": min_records,
+                    "needs": min_records - held["records"], "key": "data.min_records"})
+    per_domain = accept.min_records_per_domain
+    named = isinstance(per_domain, dict)
+    floors = per_domain if named else {d: per_domain for d in held["by_domain"]}
+    for domain, floor in sorted(floors.items()):
+        n = held["by_domain"].get(domain, 0)
+        if n < floor:
+            key = f"data.accept.min_records_per_domain.{domain}" if named else "data.accept.min_records_per_domain"
+            out.append({"domain": domain, "records": n, "floor": floor, "needs": floor - n, "key": key})
+    return out
+
+
+def shortfall_text(short: dict) -> str:
+    where = "the snapshot" if short["domain"] is None else f"domain '{short['domain']}'"
+    return (f"{where} holds {short['records']} record(s), {short['needs']} short of {short['key']}="
+            f"{short['floor']}")
+
+
+def judge(report: dict, accept: AcceptConfig, min_records: int = 1) -> dict:
     share = report["rejected"]["judged_share"]
     over = share > accept.max_rejected_share
     # One bad row of four is 25%: a share of a handful of rows cannot tell dirty data from one bad row, so a build
@@ -80,9 +122,17 @@ def judge(report: dict, accept: AcceptConfig) -> dict:
     status = "passed" if not over else ("flagged" if accept.on_fail == "flag" or few else "failed")
     reasons = sorted(report["rejected"]["reasons"].items(), key=lambda kv: (-kv[1]["count"], kv[0]))
     top = [k for k, v in reasons if v["judged"]][:5]
-    return {"status": status, "rejected_share": share, "max_rejected_share": accept.max_rejected_share,
-            "on_fail": accept.on_fail, "reasons": top if over else [],
-            **({"too_few_rows_to_fail": accept.min_rows} if over and few else {})}
+    verdict = {"status": status, "rejected_share": share, "max_rejected_share": accept.max_rejected_share,
+               "on_fail": accept.on_fail, "reasons": top if over else [],
+               **({"too_few_rows_to_fail": accept.min_rows} if over and few else {})}
+    short = shortfalls(report.get("sufficiency"), accept, min_records)
+    if short:
+        verdict["sufficiency"] = {"mode": accept.sufficiency, "short": short}
+        if accept.sufficiency == "fail":
+            verdict["status"] = "failed"
+        else:
+            verdict["warnings"] = [shortfall_text(s) for s in short]
+    return verdict
 
 
 def build_report(build: Any, cleaner: Any, writer: Any, counters: dict[str, int]) -> dict:
@@ -96,14 +146,34 @@ def build_report(build: Any, cleaner: Any, writer: Any, counters: dict[str, int]
         "rejected": rejections(counters, rows),
         "sequence": sequence_lengths(writer.seq_tokens, data.accept.max_seq_len or data.seq_len),
         "fragmentation": fragmentation(cleaner.sample.texts(), build.inputs.model["path"]),
+        "sufficiency": holdings(writer, data),
+        **({"perplexity": cleaner.perplexity} if getattr(cleaner, "perplexity", None) else {}),
     }
-    report["verdict"] = judge(report, data.accept)
+    report["verdict"] = judge(report, data.accept, data.min_records)
     return report
 
 
 def _reasons(report: dict) -> str:
     reasons = report["rejected"]["reasons"]
     return ", ".join(f"{k} {reasons[k]['share']:.1%} ({reasons[k]['count']})" for k in report["verdict"]["reasons"])
+
+
+def _failures(report: dict, verdict: dict) -> tuple[str, str]:
+    """(what failed, the fix) of a failed verdict: the rejected share, the sufficiency, or both."""
+    what, fix = [], []
+    if verdict["reasons"] and verdict["on_fail"] == "fail" and "too_few_rows_to_fail" not in verdict:
+        what.append(f"rejected {verdict['rejected_share']:.1%} of {report['rejected']['rows_read']} rows read, over "
+                    f"data.accept.max_rejected_share={verdict['max_rejected_share']} (top reasons: {_reasons(report)})")
+        fix.append("correct those rows at their source or relax the step that rejects most; or raise "
+                   "data.accept.max_rejected_share; or set data.accept.on_fail=flag to publish the snapshot marked "
+                   "flagged")
+    short = verdict.get("sufficiency", {})
+    if short.get("mode") == "fail":
+        what.append("is short of records: " + "; ".join(shortfall_text(s) for s in short["short"]))
+        more = ", ".join(f"{s['needs']} more" + (f" '{s['domain']}'" if s["domain"] else "") for s in short["short"])
+        fix.append(f"add records to data.sources ({more}), or lower the floor; or set data.accept.sufficiency=warn "
+                   "to publish with the shortfall as a warning")
+    return " and ".join(what), "; ".join(fix)
 
 
 def enforce(manifest: dict, failed_dir: Path) -> None:
@@ -116,32 +186,23 @@ def enforce(manifest: dict, failed_dir: Path) -> None:
     failed_dir.mkdir(parents=True, exist_ok=True)
     kept = failed_dir / f"{manifest['build_key']}-acceptance.json"
     atomic_write_json(kept, {"snapshot_id": manifest.get("snapshot_id"), "acceptance": report})
-    v = report["verdict"]
-    raise AcceptanceError(
-        f"the build rejected {v['rejected_share']:.1%} of {report['rejected']['rows_read']} rows read, over "
-        f"data.accept.max_rejected_share={v['max_rejected_share']} (top reasons: {_reasons(report)}); nothing was "
-        f"published and earlier snapshots are untouched. The report is in {kept}. Fix: correct those rows at their "
-        "source or relax the step that rejects most; or raise data.accept.max_rejected_share; or set "
-        "data.accept.on_fail=flag to publish the snapshot marked flagged."
-    )
+    what, fix = _failures(report, report["verdict"])
+    raise AcceptanceError(f"the build {what}; nothing was published and earlier snapshots are untouched. The report "
+                          f"is in {kept}. Fix: {fix}.")
 
 
-def recheck(manifest: dict, accept: AcceptConfig) -> None:
-    """A published snapshot found again (the accept section is outside the build key): judge its stored figures
-    under the thresholds asked for now."""
+def recheck(manifest: dict, accept: AcceptConfig, min_records: int = 1) -> None:
+    """A published snapshot found again (the accept section and data.min_records are outside the build key): judge
+    its stored figures under the thresholds asked for now."""
     report = manifest.get("acceptance")
     if not report:
         return  # built before acceptance reports existed
-    verdict = judge(report, accept)
+    verdict = judge(report, accept, min_records)
     if verdict["status"] == "failed":
-        report = {**report, "verdict": verdict}
-        raise AcceptanceError(
-            f"snapshot {manifest['snapshot_id']} (built earlier from these inputs) rejected "
-            f"{verdict['rejected_share']:.1%} of {report['rejected']['rows_read']} rows read, over "
-            f"data.accept.max_rejected_share={accept.max_rejected_share} (top reasons: {_reasons(report)}). It stays "
-            "published as it was. Fix: raise data.accept.max_rejected_share, set data.accept.on_fail=flag, or "
-            "correct the sources so the build makes another snapshot."
-        )
+        what, fix = _failures(report, verdict)
+        raise AcceptanceError(f"snapshot {manifest['snapshot_id']} (built earlier from these inputs) {what}. It "
+                              f"stays published as it was. Fix: {fix}; or correct the sources so the build makes "
+                              "another snapshot.")
 
 
 def _fig(row: dict | None) -> str:
@@ -157,8 +218,9 @@ def describe(report: dict | None) -> list[str]:
     if not report:
         return ["acceptance not measured (no report: a snapshot written directly, or built before acceptance reports)"]
     v, rej = report["verdict"], report["rejected"]
+    warned = f", {len(v['warnings'])} sufficiency warning(s) below" if v.get("warnings") else ""
     lines = [f"acceptance {v['status'].upper()}: rejected {v['rejected_share']:.1%} of {rej['rows_read']} rows read "
-             f"(limit {v['max_rejected_share']:.1%}, on_fail={v['on_fail']})"]
+             f"(limit {v['max_rejected_share']:.1%}, on_fail={v['on_fail']}{warned})"]
     # judged first, most frequent first (the manifest's JSON keeps keys sorted by name)
     ranked = sorted(rej["reasons"].items(), key=lambda kv: (not kv[1]["judged"], -kv[1]["count"], kv[0]))
     for key, r in ranked[:20]:
@@ -175,4 +237,10 @@ def describe(report: dict | None) -> list[str]:
     terms = ", ".join(f"{t['term']}({t['tokens']})" for t in f["most_split_terms"][:8]) or "none"
     lines.append(f"  tokenizer {f['tokens_per_word']} tokens/word vs {f['baseline_tokens_per_word']} on general text "
                  f"(x{f['ratio_to_baseline']}); most split frequent terms: {terms}")
+    held = report.get("sufficiency")
+    if held:
+        domains = ", ".join(f"{d} {n}" for d, n in held["by_domain"].items())
+        lines.append(f"  records held {held['records']} ({domains})")
+    lines += [f"  short ({v['sufficiency']['mode']}): {shortfall_text(s)}" for s in v.get("sufficiency", {}).get("short", [])]
+    lines += perplexity.describe(report.get("perplexity"))
     return lines

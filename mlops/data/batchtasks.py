@@ -32,7 +32,14 @@ import numpy as np
 
 from mlops.data import clean
 from mlops.data.checks import batch_frame, check_batch
-from mlops.data.format import SPLITS, ShardWriter, SnapshotReader, atomic_write_json, shard_files
+from mlops.data.format import (
+    PAIR_ROLES,
+    SPLITS,
+    ShardWriter,
+    SnapshotReader,
+    atomic_write_json,
+    shard_files,
+)
 from mlops.data.mixing import chosen_positions, domain_rng, mixed_order
 from mlops.data.partclean import offsets_file
 from mlops.data.quarantine import entry
@@ -139,15 +146,33 @@ class GroupOutput:
         for row, c in zip(rows, checked, strict=True):
             record = row["record"]
             split = split_of(record.record_id, self.task["seed"], self.cfg.validation_fraction)
-            meta = {"id": record.record_id, "domain": record.domain, "source": record.source,
-                    "records": [record.record_id]}
-            (self.packers[split] if self.packers else self.writers[split]).add(c.ids, c.mask, meta)
-            for table, key in ((self.sums["by_domain"], record.domain), (self.sums["by_source"], record.source)):
-                table[split][key].update(records=1, tokens=len(c.ids), loss_tokens=int(c.mask.sum()))
+            if c.rejected is not None:
+                self.write_pair(record, split, c)
+            else:
+                meta = {"id": record.record_id, "domain": record.domain, "source": record.source,
+                        "records": [record.record_id]}
+                (self.packers[split] if self.packers else self.writers[split]).add(c.ids, c.mask, meta)
+                for table, key in ((self.sums["by_domain"], record.domain), (self.sums["by_source"], record.source)):
+                    table[split][key].update(records=1, tokens=len(c.ids), loss_tokens=int(c.mask.sum()))
             self.exact.write(np.uint64(row["exact"]).tobytes())
             sig = row["sig"] if row["sig"] is not None else np.zeros(self.cfg.dedup.num_perm, dtype=np.uint32)
             self.sigs.write(np.asarray(sig).astype("<u4").tobytes())
             self.sums["index_rows"] += 1
+
+    def write_pair(self, record: Any, split: str, c: Any) -> None:
+        """A pair as two consecutive rows of one split, chosen then rejected (the trainer reads rows 2i, 2i+1).
+        Shard sizes are even (config), so a shard never ends between them; packing is off for pairs."""
+        writer = self.writers[split]
+        tokens = loss = 0
+        for role, (ids, mask) in zip(PAIR_ROLES, ((c.ids, c.mask), c.rejected), strict=True):
+            meta = {"id": f"{record.record_id}/{role}", "domain": record.domain, "source": record.source,
+                    "records": [record.record_id], "pair": record.record_id, "role": role}
+            if record.provenance:
+                meta["provenance"] = record.provenance
+            writer.add(ids, mask, meta)
+            tokens, loss = tokens + len(ids), loss + int(mask.sum())
+        for table, key in ((self.sums["by_domain"], record.domain), (self.sums["by_source"], record.source)):
+            table[split][key].update(records=1, pairs=1, rows=2, tokens=tokens, loss_tokens=loss)
 
     def quarantine(self, number: int, rows: list[dict], frame, report: dict) -> Path:
         folder = self.staging / "quarantine" / "batches" / f"batch-{number:05d}"

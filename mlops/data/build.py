@@ -126,7 +126,7 @@ class Build:
     def batches(self, pool: OrderedPool, plan, paths: dict[str, list[tuple[Path, int]]], writer: BatchWriter) -> None:
         data = self.data
         policy = RecordPolicy(data.seq_len, data.gate.min_tokens, data.overlong, data.excerpt_chars)
-        gate = (data.gate.suite, self.gate_params(plan.targets), plan.targets, policy)
+        gate = (self.suite, self.gate_params(plan.targets), plan.targets, policy)
         tasks = writer.plan(paths, plan.take, gate)
         for task, sums in pool.map_pairs(write_group, tasks):
             writer.add_group(task, sums)
@@ -150,8 +150,7 @@ class Build:
                 self.counters.update({f"mix.dropped_domain.{d}": n for d, n in plan.dropped_domains.items()})
                 self.counters.update({f"mix.not_selected.{d}": available[d] - plan.take.get(d, 0)
                                       for d in available if d in plan.take})
-                writer = BatchWriter(inputs, self.staging, SUITES.get(data.gate.suite), plan.targets,
-                                     self.quarantine)
+                writer = BatchWriter(inputs, self.staging, SUITES.get(self.suite), plan.targets, self.quarantine)
                 self.batches(pool, plan, paths, writer)
                 self.counters.update(writer.counters)
                 written = sum(b["records"] for b in writer.batches if b["status"] == "passed")
@@ -167,26 +166,36 @@ class Build:
 
     def require_records(self, kept: int, when: str) -> None:
         """Fewer than data.min_records: fail with where the records went (nothing is published)."""
-        if kept >= self.data.min_records:
-            return
+        if kept >= self.data.min_records or (kept and self.data.accept.sufficiency == "warn"):
+            return  # warn: the acceptance report carries the shortfall
         read = sum(c["records"] + c["issues"] for c in self.per_source.values())
         lost = Counter({k: v for k, v in self.counters.items()
                         if k.split(".")[0] in ("bad_input", "filter", "decontam", "dedup", "record", "error")
                         and k != "dedup.near_candidates" and not k.startswith("dedup.prior_records")})
         reasons = ", ".join(f"{k} {v}" for k, v in lost.most_common(5)) or "no rejections"
         raise EmptySnapshotError(
-            f"the build kept {kept} record(s) {when}, fewer than data.min_records={self.data.min_records}, from "
-            f"{read} row(s) read in {len(self.per_source)} source(s) (top reasons: {reasons}); nothing was published. "
-            "Fix: check data.sources and the reasons above; relax the step that rejects most, or lower "
-            "data.min_records."
+            f"the build kept {kept} record(s) {when}, fewer than data.min_records={self.data.min_records} "
+            f"({self.data.min_records - kept} short), from {read} row(s) read in {len(self.per_source)} source(s) "
+            f"(top reasons: {reasons}); nothing was published. Fix: check data.sources and the reasons above; relax "
+            "the step that rejects most, or lower data.min_records (data.accept.sufficiency=warn publishes with a "
+            "warning)."
         )
+
+    @property
+    def suite(self) -> str:
+        """Pair batches have their own suite (data.pairs.suite): their frame has the pair columns."""
+        return self.data.pairs.suite if self.data.record_type == "preference" else self.data.gate.suite
 
     def gate_params(self, targets: dict[str, float]) -> GateParams:
         data = self.data
+        pairs = {}
+        if data.record_type == "preference":
+            pairs = {"max_identical_share": data.pairs.max_identical_share,
+                     "min_length_ratio": data.pairs.min_length_ratio, "max_length_ratio": data.pairs.max_length_ratio}
         return GateParams(
             max_dup_ratio=data.gate.max_dup_ratio, min_loss_share=data.gate.min_loss_share,
             tolerance=data.mix.tolerance, max_truncated_share=data.gate.max_truncated_share,
-            domains=sorted(targets) if data.mix.ratios else [],
+            domains=sorted(targets) if data.mix.ratios else [], **pairs,
         )
 
     def eval_index(self):
@@ -208,7 +217,7 @@ def build_snapshot(cfg: Any, tracker: Any = None, *, force: bool = False) -> Bui
         cached = None if force else cached_snapshot(inputs)
         if cached is not None:
             manifest = read_manifest(cached)
-            acceptance.recheck(manifest, inputs.data.accept)
+            acceptance.recheck(manifest, inputs.data.accept, inputs.data.min_records)
             result = BuildResult(cached.name, cached, manifest, noop=True)
         else:
             inputs.root.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlops.data import pairs
 from mlops.data.config import DataConfig
 from mlops.data.decontam import EvalIndex
 from mlops.data.dedup import ExactIndex, NearIndex, exact_hash, signature
@@ -97,12 +98,12 @@ def _measure_after(out: list[Cleaned], raw: list[str], before: list[tuple[int, i
 
 def _clean_one(record: Record, cfg: DataConfig, scrubber: Scrubber, index: EvalIndex) -> Cleaned:
     limit = cfg.excerpt_chars
-    if "length" in cfg.filters.steps and sum(len(m["content"]) for m in record.messages) > cfg.filters.max_chars:
+    if "length" in cfg.filters.steps and pairs.side_chars(record) > cfg.filters.max_chars:
         return _reject(record, "filter", "too_long", limit)
     for message in record.messages:
         message["content"] = scrubber.scrub(message["content"])
-    text = record.text
-    ok, reason = run_filters(record, cfg.filters)
+    text = pairs.dedup_text(record)  # a pair is deduplicated on its prompt and chosen answer
+    ok, reason = pairs.filter_pair(record, cfg.filters) if pairs.is_pair(record) else run_filters(record, cfg.filters)
     if not ok:
         return _reject(record, "filter", reason, limit)
     hit = index.find(m["content"] for m in record.messages)  # per message, as the eval report reads it
@@ -182,9 +183,11 @@ class Cleaner:
 
 def spill_line(item: Cleaned) -> str:
     r = item.record
-    return json.dumps({"record_id": r.record_id, "source": r.source, "line": r.line, "domain": r.domain,
-                       "kind": r.kind, "messages": r.messages, "exact": item.exact, "sig": encode_sig(item.sig)},
-                      ensure_ascii=False, sort_keys=True) + "\n"
+    row = {"record_id": r.record_id, "source": r.source, "line": r.line, "domain": r.domain, "kind": r.kind,
+           "messages": r.messages, "exact": item.exact, "sig": encode_sig(item.sig)}
+    if r.provenance:  # pairs only: chat spill lines stay as they were
+        row["provenance"] = r.provenance
+    return json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n"
 
 
 def read_spill(path: Path) -> Iterator[dict]:
@@ -197,6 +200,6 @@ def parse_spill(line: str | bytes) -> dict:
     """One spill line back to {"record", "exact", "sig"}."""
     row = json.loads(line)
     row["record"] = Record(row.pop("record_id"), row.pop("source"), row.pop("line"), row.pop("domain"),
-                           row.pop("kind"), row.pop("messages"))
+                           row.pop("kind"), row.pop("messages"), row.pop("provenance", None))
     row["sig"] = decode_sig(row["sig"])
     return row

@@ -11,10 +11,14 @@ from pathlib import Path
 import typer
 
 from mlops.cli_options import ConfigOpt, OverridesArg, load
+from mlops.data.harvest_cli import app as harvest_app
 from mlops.data.tracked_build import run_build
 
 app = typer.Typer(help="Data snapshots: build, show, verify, list; sample data; harvest feedback.",
                   no_args_is_help=True)
+# Top-down: this module registers the harvest commands; mlops.data.harvest_cli imports nothing of it (both run builds
+# through mlops.data.tracked_build).
+app.add_typer(harvest_app, name="harvest")
 RootOpt = typer.Option(None, "--root", help="snapshots folder (default .mlops/snapshots)")
 
 
@@ -194,11 +198,3 @@ def sample(
     for name, count in summary.items():
         typer.echo(f"{name:40} {count}")
 
-
-def _add_harvest() -> None:
-    from mlops.data.harvest_cli import app as harvest_app
-
-    app.add_typer(harvest_app, name="harvest")
-
-
-_add_harvest()

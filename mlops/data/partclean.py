@@ -13,6 +13,10 @@ do not grow with the records.
     rejected.jsonl  quarantine lines of the records a worker step rejected; bad_input.jsonl the rows that are not
                     records
     drops.jsonl     written by the cluster task: [row, reason, duplicate_of, similarity] per dropped row
+    semdrops.jsonl  the same for semantic dedup (mlops.data.semtasks, which also writes sem*.npy here)
+    ppl-<row>.npy   stage P (data.filters.perplexity on): the rounded perplexity of each row of one range of
+                    rows, NaN for rows the dedup dropped (`score_rows`); stage C sets aside the rows outside the
+                    driver's bounds
     quarantine.jsonl, kept-<domain hash>.jsonl   stage C's output
 """
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import itertools
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,10 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from mlops.data import clean
+from mlops.data import clean, perplexity
 from mlops.data.fragmentation import TextSample
 from mlops.data.lengths import LengthStats
 from mlops.data.lsh import band_hashes
+from mlops.data.pairs import dedup_text, require_type
 from mlops.data.partitions import Partition, read_partition
 from mlops.data.quarantine import entry
 from mlops.data.records import BadInputError, Record
@@ -94,6 +100,7 @@ def clean_partition(task: dict) -> PartSummary:
         chunk: list[Record] = []
         for item in read_partition(part):
             if isinstance(item, Record):
+                require_type(item, cfg.record_type)  # a chat record among pairs (or back) stops the build
                 out.source["records"] += 1
                 chunk.append(item)
                 if len(chunk) >= CHUNK:
@@ -149,12 +156,14 @@ def offsets_file(kept: Path) -> Path:
 
 def finalize_partition(task: dict) -> PartSummary:
     """Stage C for one partition (a worker task): kept rows to per-domain files; the partition's quarantine
-    lines (worker rejections and dedup drops) merged in line order."""
+    lines (worker rejections, dedup drops, perplexity outliers) merged in line order."""
     cfg = clean._STATE["cfg"]
     folder = Path(task["dir"])
     out = PartSummary(task["number"])
-    drops = _read_drops(folder / "drops.jsonl")
+    drops = dedup_drops(folder)
     after = np.load(folder / "after.npy")
+    limits = task.get("perplexity")  # data.filters.perplexity's bounds (the driver's global step), when it ran
+    scores = perplexity.read_scores(folder) if limits else None
     sample = TextSample()
     dedup_lines: list[tuple[int, str]] = []
     handles: dict[str, Any] = {}
@@ -169,6 +178,13 @@ def finalize_partition(task: dict) -> PartSummary:
                 detail = {"duplicate_of": earlier} if sim is None else {"duplicate_of": earlier, "similarity": sim}
                 out.counters[f"dedup.{reason}"] += 1
                 dedup_lines.append((record.line, _dumps(entry(record, "dedup", reason, detail,
+                                                              limit=cfg.excerpt_chars))))
+                continue
+            outlier = perplexity.judge(float(scores[index]), limits) if limits else None
+            if outlier is not None:  # in row order too, so these lines stay sorted with the dedup ones
+                reason, detail = outlier
+                out.counters[f"filter.{reason}"] += 1
+                dedup_lines.append((record.line, _dumps(entry(record, "filter", reason, detail,
                                                               limit=cfg.excerpt_chars))))
                 continue
             out.counters["cleaning.kept"] += 1
@@ -198,6 +214,32 @@ def finalize_partition(task: dict) -> PartSummary:
 def _lines(path: Path):
     with path.open(encoding="utf-8") as fh:
         yield from fh
+
+
+def dedup_drops(folder: Path) -> dict[int, tuple[str, str, float | None]]:
+    """Row -> (reason, kept record, similarity) of every dedup drop in a partition: exact and MinHash (drops.jsonl,
+    the cluster task's) and semantic (semdrops.jsonl: data.dedup.semantic's, among the rows drops.jsonl kept)."""
+    return {**_read_drops(folder / "drops.jsonl"), **_read_drops(folder / "semdrops.jsonl")}
+
+
+def score_rows(task: dict) -> Counter:
+    """Stage P for rows [start, stop) of a partition (a worker task, data.filters.perplexity): score those the
+    dedup kept, write their scores (NaN for the rest) and return the exact histogram of the scores. The ranges
+    are fixed by row counts alone, so a row is batched with the same rows whoever runs it."""
+    folder, start, stop = Path(task["dir"]), task["start"], task["stop"]
+    drops = dedup_drops(folder)
+    rows, texts = [], []
+    with (folder / "rows.jsonl").open(encoding="utf-8") as fh:
+        for index, line in enumerate(itertools.islice(fh, start, stop), start):
+            if index not in drops:
+                rows.append(index - start)
+                texts.append(dedup_text(clean.parse_spill(line)["record"]))  # a pair: its prompt and chosen side
+    scores = np.full(stop - start, np.nan)
+    if texts:
+        model = perplexity.scorer(task["model"], task["device"])
+        scores[rows] = model.score(texts, task["batch_size"], task["max_tokens"])
+    np.save(perplexity.scores_file(folder, start), scores)
+    return Counter(s for s in scores.tolist() if not np.isnan(s))
 
 
 def _read_drops(path: Path) -> dict[int, tuple[str, str, float | None]]:

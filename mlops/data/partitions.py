@@ -25,11 +25,9 @@ from mlops.data.records import (
     Record,
     RecordError,
     SourceChangedError,
-    _domain,
     _not_utf8,
-    normalise,
     read_source,
-    record_id,
+    to_record,
 )
 
 PARTITION_BYTES = 32 * 2**20  # about 60k chat records: enough work per task, bounded memory per worker
@@ -137,7 +135,6 @@ def _row(raw: bytes, number: int, src: dict) -> Record | Issue | None:
         return Issue.of(MalformedJSON("malformed JSON: nested too deeply", "write one JSON object per line"),
                         name, number, "")
     try:
-        kind, messages = normalise(row)
+        return to_record(row, name, number, src["domain"])
     except RecordError as err:
         return Issue.of(err, name, number, text)
-    return Record(record_id(kind, messages), name, number, _domain(row, src["domain"]), kind, messages)

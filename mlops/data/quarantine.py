@@ -28,9 +28,12 @@ def excerpt(messages: list[dict[str, str]], limit: int) -> list[dict[str, Any]]:
 
 def entry(record: Record, stage: str, reason: str, detail: dict | None = None,
           messages: list[dict[str, Any]] | None = None, limit: int = 500) -> dict[str, Any]:
-    return {"stage": stage, "reason": reason, "record_id": record.record_id, "source": record.source,
-            "line": record.line, "domain": record.domain, "kind": record.kind,
-            "excerpt": messages if messages is not None else excerpt(record.messages, limit), **(detail or {})}
+    row = {"stage": stage, "reason": reason, "record_id": record.record_id, "source": record.source,
+           "line": record.line, "domain": record.domain, "kind": record.kind,
+           "excerpt": messages if messages is not None else excerpt(record.messages, limit), **(detail or {})}
+    if getattr(record, "provenance", None):  # a pair names the request or spot-check it came from
+        row["provenance"] = record.provenance
+    return row
 
 
 class Quarantine:

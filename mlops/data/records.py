@@ -1,4 +1,4 @@
-"""Sources to records: JSONL, Parquet and CSV files in chat, instruction or plain-text shape.
+"""Sources to records: JSONL, Parquet and CSV files in chat, instruction, plain-text or preference-pair shape.
 
 Every row becomes one `Record` (stable content id, source, line, capability domain, chat-form messages) or
 one `Issue` that names the file, line, field, problem and a reason code, with a PII-redacted excerpt of the
@@ -23,7 +23,11 @@ from typing import Any
 from mlops.errors import MLOpsError
 
 ROLES = ("system", "user", "assistant")
-KINDS = ("chat", "instruction", "text")
+KINDS = ("chat", "instruction", "text", "pair")
+# A pair record's messages: its prompt turns, then {"role": "chosen", ...} and {"role": "rejected", ...} (always
+# the last two), so every step that walks messages (PII scrubbing, decontamination, excerpts) sees all three parts.
+PAIR_ROLES = ("chosen", "rejected")
+PROVENANCE_MAX_CHARS = 2000  # ids, not documents: it travels in every shard meta line of its pair
 
 
 class BadInputError(MLOpsError):
@@ -84,6 +88,11 @@ class EmptySource(RecordError):
     code = "empty_source"
 
 
+class MixedRecordTypes(BadInputError):
+    """A chat record in a preference build or a pair in a chat build: one snapshot holds one record type. Always
+    stops the build (whatever data.on_bad_record says): the sources or data.record_type are wrong, not one row."""
+
+
 @dataclass(slots=True)
 class Record:
     record_id: str
@@ -91,7 +100,8 @@ class Record:
     line: int
     domain: str
     kind: str
-    messages: list[dict[str, str]]  # text records hold one {"role": "text", ...} message
+    messages: list[dict[str, str]]  # text records hold one {"role": "text", ...} message; pairs: see PAIR_ROLES
+    provenance: dict[str, Any] | None = None  # where a pair came from (request, trace, spot-check ids); else None
 
     @property
     def text(self) -> str:
@@ -210,6 +220,8 @@ def normalise(row: Any) -> tuple[str, list[dict[str, str]]]:
     """(kind, messages) for one raw row; raises the RecordError that explains why it is not a record."""
     if not isinstance(row, dict):
         raise WrongType(f"a record must be a JSON object, got {_a(row)}", "write one JSON object per line")
+    if "chosen" in row or "rejected" in row:
+        return "pair", _pair(row)
     if "messages" in row:
         messages = _chat(row["messages"])
         _role_order(messages)
@@ -222,7 +234,62 @@ def normalise(row: Any) -> tuple[str, list[dict[str, str]]]:
         return "text", [{"role": "text", "content": _text(row, "text")}]
     keys = ", ".join(_field_name(k) for k in sorted(map(str, row))[:8]) or "(none)"
     raise UnknownShape(f"unknown record shape with keys [{keys}]", "use `messages` (chat), `instruction`/`input`/"
-                       "`output` (instruction) or `text` (pretraining)")
+                       "`output` (instruction), `text` (pretraining) or `prompt`/`messages` with `chosen` and "
+                       "`rejected` (preference pair)")
+
+
+def _pair(row: dict) -> list[dict[str, str]]:
+    """Prompt turns (a `prompt` string is one user turn) ending in a user turn, then the chosen and rejected answers.
+    Empty or identical answers are read here and set aside later by the pair checks, with a reason."""
+    if ("prompt" in row) == ("messages" in row):
+        both = "both `prompt` and `messages`" if "prompt" in row else "neither `prompt` nor `messages`"
+        raise UnknownShape(f"a preference pair with {both}", "give the prompt as `prompt` (one user turn) or as "
+                           "`messages` (turns ending in a user turn), not both")
+    if "prompt" in row:
+        prompt = [{"role": "user", "content": _text(row, "prompt")}]
+    else:
+        prompt = _chat(row["messages"])
+        _role_order(prompt)
+        if prompt[-1]["role"] != "user":
+            last = len(prompt) - 1
+            raise RoleOrder(f"the prompt ends with a{'n' if prompt[-1]['role'][0] in 'aeiou' else ''} "
+                            f"{prompt[-1]['role']} turn (messages[{last}]); a pair answers the last user turn",
+                            "end `messages` with the user turn that `chosen` and `rejected` answer",
+                            f"messages[{last}].role")
+    return [*prompt, {"role": "chosen", "content": _text(row, "chosen")},
+            {"role": "rejected", "content": _text(row, "rejected")}]
+
+
+def _provenance(row: Any, kind: str) -> dict[str, Any] | None:
+    """A pair's `provenance` object (and a `source` string, kept as provenance["source"]); None for other kinds."""
+    if kind != "pair" or not isinstance(row, dict):
+        return None
+    value = row.get("provenance")
+    if value is not None and not isinstance(value, dict):
+        raise WrongType(f"'provenance' is {_a(value)}, not an object", "write provenance as a JSON object of ids, "
+                        "e.g. {\"request_id\": ..., \"trace_id\": ...}", "provenance")
+    out = dict(value or {})
+    source = row.get("source")
+    if source is not None:
+        if not isinstance(source, str):
+            raise WrongType(f"'source' is {_a(source)}, not a string", "write source as a string", "source")
+        out["source"] = source
+    try:
+        size = len(json.dumps(out, ensure_ascii=False, sort_keys=True))
+    except (TypeError, ValueError):
+        raise WrongType("'provenance' holds values that are not JSON", "keep provenance to strings, numbers and "
+                        "lists of them", "provenance") from None
+    if size > PROVENANCE_MAX_CHARS:
+        raise WrongType(f"'provenance' is {size} characters, over {PROVENANCE_MAX_CHARS}", "keep provenance to "
+                        "the ids a pair came from (request, trace, spot-check)", "provenance")
+    return out or None
+
+
+def to_record(row: Any, name: str, number: int, default_domain: str) -> Record:
+    """One raw row as a Record (raises the RecordError that explains why it is not one)."""
+    kind, messages = normalise(row)
+    provenance = _provenance(row, kind)
+    return Record(record_id(kind, messages), name, number, _domain(row, default_domain), kind, messages, provenance)
 
 
 def _chat(messages: Any) -> list[dict[str, str]]:
@@ -412,11 +479,11 @@ def read_source(path: Path, name: str, fmt: str, domain: str, expected_sha256: s
             continue
         rows += 1
         try:
-            kind, messages = normalise(row)
+            record = to_record(row, name, number, domain)
         except RecordError as err:
             yield Issue.of(err, name, number, raw)
             continue
-        yield Record(record_id(kind, messages), name, number, _domain(row, domain), kind, messages)
+        yield record
     after = path.stat() if path.exists() else None
     changed = after is None or (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns)
     if changed or digest.hexdigest() != expected_sha256:

@@ -68,11 +68,12 @@ def allot(sizes: dict[str, int], n: int) -> dict[str, int]:
 
 
 def _positions(folder: Path) -> dict[str, list[tuple[str, int]]]:
-    """(split, index) of every new (not history) sample, by domain, in snapshot order."""
+    """(split, index) of every new (not history) sample, by domain, in snapshot order; of a preference pair only its
+    chosen row (the item then shows the rejected row beside it)."""
     out: dict[str, list[tuple[str, int]]] = {}
     for split in SPLITS:
         for index, meta in enumerate(SnapshotReader(folder, split).iter_meta()):
-            if not meta.get("history"):
+            if not meta.get("history") and meta.get("role") != "rejected":
                 out.setdefault(meta.get("domain", ""), []).append((split, index))
     return out
 
@@ -103,15 +104,15 @@ def draw(folder: Path, n: int, seed: int, out: Path | None = None) -> tuple[Path
     items = []
     for number, (domain, split, index) in enumerate(chosen):
         sample, meta = readers[split].get(index), readers[split].meta(index)
-        real = sample.attention_mask.astype(bool)
-        items.append({
+        item = {
             "snapshot_id": folder.name, "item": number, "sample_id": sample.sample_id, "split": split,
             "domain": domain, "source": meta.get("source", ""), "records": meta.get("records", []),
-            "text": tk.decode(sample.input_ids[real].tolist(), skip_special_tokens=False),
-            "trained_on": tk.decode(sample.input_ids[real & sample.loss_mask.astype(bool)].tolist(),
-                                    skip_special_tokens=False),
-            "verdict": "", "reason": "",
-        })
+            **_decoded(tk, sample), "verdict": "", "reason": "",
+        }
+        if meta.get("role") == "chosen":  # a pair is judged whole: its rejected row is the next one
+            rejected = _decoded(tk, readers[split].get(index + 1))
+            item |= {"rejected_text": rejected["text"], "rejected_trained_on": rejected["trained_on"]}
+        items.append(item)
     where = review_dir(folder)
     where.mkdir(parents=True, exist_ok=True)
     atomic_write_json(where / "draw.json", {
@@ -123,6 +124,14 @@ def draw(folder: Path, n: int, seed: int, out: Path | None = None) -> tuple[Path
     tmp.write_text("".join(json.dumps(i, ensure_ascii=False) + "\n" for i in items), encoding="utf-8")
     tmp.replace(out)
     return out, items
+
+
+def _decoded(tk, sample) -> dict[str, str]:
+    """The sample as training reads it: the whole text, and the part trained on (loss-masked tokens)."""
+    real = sample.attention_mask.astype(bool)
+    return {"text": tk.decode(sample.input_ids[real].tolist(), skip_special_tokens=False),
+            "trained_on": tk.decode(sample.input_ids[real & sample.loss_mask.astype(bool)].tolist(),
+                                    skip_special_tokens=False)}
 
 
 def _read_verdicts(path: Path, snapshot_id: str) -> list[dict]:

