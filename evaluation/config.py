@@ -47,6 +47,9 @@ class ContaminationConfig(StrictModel):
 
     enabled: bool = Field(True, description="check eval items against the training snapshot after each eval")
     split: str = Field("train", description="snapshot split the model was trained on")
+    when_found: Literal["stop", "score"] = Field(
+        "stop", description="an eval item overlaps the training snapshot: stop (the report only, nothing served: "
+        "the contamination gate refuses the model whatever it scores) or score it anyway (a diagnosis)")
 
 
 class EvalConfig(StrictModel):

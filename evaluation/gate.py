@@ -38,7 +38,7 @@ DIMENSION_SUITES = ("business",)
 class Check:
     name: str
     against: str
-    rule: str  # non_inferior | no_regression | must_improve | floor | must_beat | coverage
+    rule: str  # non_inferior | no_regression | must_improve | floor | must_beat | coverage | contamination
     challenger: float | None
     reference: float | None
     delta: float | None
@@ -199,8 +199,12 @@ def compare(challenger: dict, champion: dict | None, cfg, *, challenger_label: s
     """Gate a challenger's eval summary against a champion's (or floors) and past champions'; `reference`
     (release form, the same version's as-trained summary) adds the quantization checks."""
     mine = scores_of(challenger)
-    checks: list[Check] = []
+    checks: list[Check] = _contamination(challenger)
     notes: list[str] = []
+    if challenger.get("not_scored"):  # nothing to compare: the contamination check alone decides
+        notes.append(f"not scored: {challenger['not_scored']}")
+        return GateReport(challenger_label, champion_label if champion else None, False, checks,
+                          [lbl for lbl, _ in history], cfg.model_dump(mode="json"), notes, {})
     if reference is not None:
         form, as_trained = reference
         checks += quantization_checks(challenger, as_trained, cfg, form)
@@ -231,9 +235,26 @@ def compare(challenger: dict, champion: dict | None, cfg, *, challenger_label: s
         if dim not in mine:
             checks.append(Check(dim, "config", "coverage", None, None, None, None, None, False,
                                 f"must_improve names '{dim}', which the challenger's eval does not contain"))
+        elif champion and dim not in scores_of(champion):
+            # Without the champion's score there is nothing to improve on: never a silent pass.
+            checks.append(Check(dim, champion_label, "coverage", None, None, None, None, None, False,
+                                f"must_improve names '{dim}', which {champion_label}'s eval does not contain: "
+                                f"evaluate {champion_label} on the same suite"))
     settings = cfg.model_dump(mode="json")
     return GateReport(challenger_label, champion_label if champion else None, all(c.passed for c in checks), checks,
                       [lbl for lbl, _ in history], settings, notes, reported_scores(challenger))
+
+
+def _contamination(challenger: dict) -> list[Check]:
+    """A challenger whose eval items overlap its training snapshot fails, as the registry's contamination gate
+    would refuse it: the gate report says so first instead of judging scores that measure memory."""
+    report = challenger.get("contamination") or {}
+    count = report.get("count")
+    if report.get("status") != "checked" or not count:
+        return []
+    return [Check("contamination", "training snapshot", "contamination", None, None, None, None, None, False,
+                  f"{count} eval items overlap the training snapshot {report.get('snapshot_id')}: scores on them "
+                  "measure memory, not skill (rebuild the snapshot with data.decontam naming the eval suites)")]
 
 
 def reported_scores(summary: dict) -> dict:

@@ -184,9 +184,11 @@ def run_gate(cfg, challenger_ref: str, champion_ref: str | None, *, history: lis
     excluded = {key, model_key(champion) if champion else None}
     past_models = [m for m in (describe(r) for r in dict.fromkeys(past)) if model_key(m) not in excluded]
     mine = find_evidence(challenger, rule)
-    as_trained = release_reference(challenger, mine, rule)
-    theirs = find_evidence(champion, rule) if champion else None
-    past_evidence = [find_evidence(m, rule) for m in past_models]
+    # An eval that stopped at its contamination report is judged on that alone: no reference form, no champion.
+    scored = not mine.summary.get("not_scored")
+    as_trained = release_reference(challenger, mine, rule) if scored else None
+    theirs = find_evidence(champion, rule) if champion and scored else None
+    past_evidence = [find_evidence(m, rule) for m in past_models] if scored else []
     report = compare(mine.summary, theirs.summary if theirs else None, gate_cfg, challenger_label=challenger_ref,
                      champion_label=champion_ref if champion else "none",
                      history=[(e.ref, e.summary) for e in past_evidence],
@@ -243,11 +245,13 @@ def attest_gate(challenger, json_path: Path, gate_run: str, eval_run: str) -> st
 def evidence_record(challenger, champion, mine: Evidence, theirs: Evidence | None, past: list[Evidence],
                     rule: EvidenceRule) -> dict:
     """Exactly what the verdict stands on, stored in the report (the registry checks it is still current)."""
+    from mlops.model_refs import model_key
+
     def who(model, ev: Evidence | None) -> dict | None:
-        if model is None or ev is None:
-            return None
-        return {"ref": model.ref, "name": model.name, "version": model.version, "content_id": ev.key,
-                "eval_run_id": ev.eval_run_id}
+        if model is None:
+            return None  # a champion's eval may be unread (an unscored challenger): it was still the champion
+        return {"ref": model.ref, "name": model.name, "version": model.version,
+                "content_id": ev.key if ev else model_key(model), "eval_run_id": ev.eval_run_id if ev else None}
 
     return {"challenger": who(challenger, mine), "champion": who(champion, theirs),
             "history": [{"ref": e.ref, "content_id": e.key, "eval_run_id": e.eval_run_id} for e in past],

@@ -44,6 +44,10 @@ def prepare_tasks(suites: list[Suite]) -> tuple[list, list]:
             list(get_task_dict(gen, manager).values()) if gen else [])
 
 
+def _rendered(task) -> bool:
+    return bool((getattr(task, "config", None) and task.config.metadata or {}).get("rendered"))
+
+
 def _lm_eval(server: ServerProcess, hf_dir: Path, name: str, profile: DeploymentProfile, suites: list[Suite],
              eval_cfg, cache_dir: Path | None, seed: int, tasks: tuple[list, list] | None = None) -> dict:
     """Run lm-eval in-process against the server; returns the merged lm-eval result dict."""
@@ -59,15 +63,19 @@ def _lm_eval(server: ServerProcess, hf_dir: Path, name: str, profile: Deployment
                "bootstrap_iters": eval_cfg.bootstrap_iters, "random_seed": seed, "numpy_random_seed": seed,
                "torch_random_seed": seed, "fewshot_random_seed": seed}
     merged: dict = {"results": {}, "samples": {}, "n-samples": {}, "configs": {}, "versions": {}}
-    if mc:
+    # Tasks whose prompts were rendered as trained (held-out preference pairs) are never rendered again.
+    rendered = [t for t in mc if _rendered(t)]
+    for group, chat in ((([t for t in mc if not _rendered(t)]), eval_cfg.chat_template_mc), (rendered, False)):
+        if not group:
+            continue
         result = simple_evaluate(
             model="local-completions",
             model_args={**common, "base_url": f"{server.url}/v1/completions", "tokenizer": str(hf_dir),
                         "tokenizer_backend": "huggingface", "tokenized_requests": True,
                         "batch_size": eval_cfg.batch_size},
-            tasks=mc, apply_chat_template=eval_cfg.chat_template_mc,
-            system_instruction=profile.system_prompt if eval_cfg.chat_template_mc else None,
-            use_cache=str(cache_dir / "loglikelihood") if cache_dir else None, **options,
+            tasks=group, apply_chat_template=chat, system_instruction=profile.system_prompt if chat else None,
+            use_cache=str(cache_dir / ("rendered" if group is rendered else "loglikelihood")) if cache_dir else None,
+            **options,
         )
         _merge(merged, result)
         server.check_alive()
@@ -163,54 +171,87 @@ def run_eval(cfg, ref: str, *, suites: list[str] | str | None = None, profile_pa
             **{f"suite.{s.name}.version": s.version for s in suite_objs},
             **{f"suite.{s.name}.fingerprint": s.fingerprint[:16] for s in suite_objs},
         })
-        server = ServerProcess(model.hf_dir, profile_file, model.served_name, work / "server.log",
-                               force_profile=forced, threads=eval_cfg.server_threads or os.cpu_count())
-        try:
-            with server:
-                server.launch()
-                tasks = prepare_tasks(suite_objs)  # overlaps the server's model load
-                server.wait_healthy(eval_cfg.server_start_timeout)
-                served_at = time.perf_counter()
-                if on_server:
-                    on_server(server)
-                results = _lm_eval(server, model.hf_dir, model.served_name, profile, suite_objs, eval_cfg,
-                                   cache_dir, cfg.run.seed, tasks)
-        except BaseException as err:
-            run.log_artifact(server.log_path, "eval")
-            if not server.alive() and not isinstance(err, KeyboardInterrupt):
-                from serving.process import ServerError
-
-                if isinstance(err, ServerError):
-                    raise
-                raise ServerError(
-                    f"the model server died during the eval ({type(err).__name__}: {str(err)[:300]}); "
-                    f"no scores were recorded. Its log ends with:\n{server.log_tail()}"
-                ) from err
-            raise
-        wall = time.perf_counter() - started
-        scores = task_scores(results, suite_objs)
-        doc = summary(scores, suite_objs, {"model_ref": ref, "model_key": model.key, "profile_hash":
-                      profile.profile_hash(), "forced_profile": forced, "run_id": run.run_id})
-        run.log_metrics({**metrics_for_tracking(results, suite_objs, scores), "eval_wall_s": wall,
-                         "eval_lm_eval_s": time.perf_counter() - served_at}, step=0)
-        for path in write_samples(results, work / "samples"):
-            run.log_artifact(path, "eval/samples")
-        run.log_dict({k: results[k] for k in ("results", "n-samples", "versions")}, "eval/lm_eval_results.json")
-        run.log_dict(doc, "eval/summary.json")
-        run.log_artifact(server.log_path, "eval")
         contamination = None
-        if eval_cfg.contamination.enabled:
+        if eval_cfg.contamination.enabled:  # first: a contaminated candidate is refused whatever it scores
             from evaluation.contamination import contamination_for_model
 
             contamination = contamination_for_model(model, suite_objs, eval_cfg.contamination)
             run.log_dict(contamination, "eval/contamination.json")
             run.set_tags(contamination_tags(contamination))
             set_version_tags(model, contamination_tags(contamination))
+        facts = {"model_ref": ref, "model_key": model.key, "profile_hash": profile.profile_hash(),
+                 "forced_profile": forced, "run_id": run.run_id, **contamination_brief(contamination)}
+        stop = not_scored_because(contamination, eval_cfg.contamination)
+        if stop:  # nothing served: the report is all a refused candidate's eval needs
+            scores, doc = [], summary([], suite_objs, {**facts, "not_scored": stop})
+            run.set_tags({Tag.EVAL_NOT_SCORED: "contaminated"})
+            print(f"eval not scored: {stop}", flush=True)
+        else:
+            results, served_s = _serve_and_score(model, profile, profile_file, forced, suite_objs, eval_cfg, cfg,
+                                                 cache_dir, work, on_server, run)
+            scores = task_scores(results, suite_objs)
+            doc = summary(scores, suite_objs, facts)
+            run.log_metrics({**metrics_for_tracking(results, suite_objs, scores), "eval_lm_eval_s": served_s}, step=0)
+            for path in write_samples(results, work / "samples"):
+                run.log_artifact(path, "eval/samples")
+            run.log_dict({k: results[k] for k in ("results", "n-samples", "versions")}, "eval/lm_eval_results.json")
+        wall = time.perf_counter() - started
+        run.log_metrics({"eval_wall_s": wall}, step=0)
+        run.log_dict(doc, "eval/summary.json")
         if not forced:  # a forced-profile eval is labelled, never recorded as the version's evidence
             set_version_tags(model, {Tag.EVAL_REFERENCE_RUN if reference else Tag.EVAL_RUN: run.run_id})
     if not forced:
         attest_eval(model, run.run_id, doc, contamination, reference=reference, profile=profile)
     return EvalOutcome(run.run_id, model.key, scores, doc, wall, contamination)
+
+
+def _serve_and_score(model, profile, profile_file: Path, forced: bool, suite_objs: list[Suite], eval_cfg, cfg,
+                     cache_dir: Path | None, work: Path, on_server, run) -> tuple[dict, float]:
+    """Serve the model under its profile and run lm-eval through the endpoint: (results, seconds served)."""
+    server = ServerProcess(model.hf_dir, profile_file, model.served_name, work / "server.log",
+                           force_profile=forced, threads=eval_cfg.server_threads or os.cpu_count())
+    try:
+        with server:
+            server.launch()
+            tasks = prepare_tasks(suite_objs)  # overlaps the server's model load
+            server.wait_healthy(eval_cfg.server_start_timeout)
+            served_at = time.perf_counter()
+            if on_server:
+                on_server(server)
+            results = _lm_eval(server, model.hf_dir, model.served_name, profile, suite_objs, eval_cfg,
+                               cache_dir, cfg.run.seed, tasks)
+    except BaseException as err:
+        run.log_artifact(server.log_path, "eval")
+        if not server.alive() and not isinstance(err, KeyboardInterrupt):
+            from serving.process import ServerError
+
+            if isinstance(err, ServerError):
+                raise
+            raise ServerError(
+                f"the model server died during the eval ({type(err).__name__}: {str(err)[:300]}); "
+                f"no scores were recorded. Its log ends with:\n{server.log_tail()}"
+            ) from err
+        raise
+    run.log_artifact(server.log_path, "eval")
+    return results, time.perf_counter() - served_at
+
+
+def contamination_brief(report: dict | None) -> dict:
+    """What the eval's summary says of its contamination report (the gate reads it from there)."""
+    if report is None:
+        return {}
+    return {"contamination": {"status": report["status"], "count": report.get("count"),
+                              "snapshot_id": report.get("snapshot_id")}}
+
+
+def not_scored_because(report: dict | None, rule) -> str | None:
+    """Why the suites are not scored (eval.contamination.when_found=stop and an item overlaps the snapshot)."""
+    if report is None or rule.when_found != "stop" or report.get("status") != "checked" or not report.get("count"):
+        return None
+    return (f"{report['count']} eval items overlap the training snapshot {report.get('snapshot_id')} (e.g. "
+            f"{', '.join(str(i.get('id')) for i in report.get('offending', [])[:3])}): the contamination gate "
+            "refuses this model whatever it scores, so it was not served. Set eval.contamination.when_found=score "
+            "to score it anyway")
 
 
 def attest_eval(model, run_id: str, doc: dict, contamination: dict | None, *, reference: bool,
@@ -225,7 +266,8 @@ def attest_eval(model, run_id: str, doc: dict, contamination: dict | None, *, re
     predicate = {"eval_run": run_id, "model_key": model.key, "summary_sha256": digest_of(doc),
                  "contamination": {"status": (contamination or {}).get("status", "not_run"), "offending": offending},
                  "report_sha256": digest_of(contamination) if contamination is not None else None,
-                 "gguf": served_gguf(model, profile) if signed_in() else None}  # unsigned: nothing to fix
+                 # unsigned or not served (a contaminated model's eval stops first): no GGUF to fix
+                 "gguf": served_gguf(model, profile) if signed_in() and not doc.get("not_scored") else None}
     return attest_version("eval_reference" if reference else "eval", getattr(model, "name", None),
                           getattr(model, "version", None), predicate)
 

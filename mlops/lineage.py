@@ -51,6 +51,7 @@ class Tag(StrEnum):
     SUITE_VERSION = "mlops.suite_version"
     PROFILE_HASH = "mlops.deployment_profile_hash"
     TRAIN_MODE = "mlops.train_mode"
+    TRAIN_OBJECTIVE = "mlops.train_objective"  # sft or dpo (a DPO run trains on a preference snapshot)
     STOP_REASON = "mlops.stop_reason"
     RESUMED_FROM = "mlops.resumed_from_checkpoint"
     SMOKE = "mlops.smoke"
@@ -71,6 +72,7 @@ class Tag(StrEnum):
     EVAL_FORCED_PROFILE = "mlops.eval_forced_profile"
     EVAL_ENGINE = "mlops.eval_engine"  # the engine and weights an eval judged: "llamacpp q8_0", "hf (as trained)"
     EVAL_REFERENCE = "mlops.eval_reference"  # true: the version's reference form (hf, as trained), not its release form
+    EVAL_NOT_SCORED = "mlops.eval_not_scored"  # why an eval served nothing ("contaminated": the report alone)
     EVAL_REFERENCE_RUN = "mlops.eval_reference_run_id"  # on a version: its reference eval (the quantization gate's)
     GGUF_RUN = "mlops.gguf_run_id"  # on a version: the package run that logged its GGUF (`mlops release package`)
     GGUF_SHA256 = "mlops.gguf_sha256"
@@ -91,6 +93,18 @@ class Tag(StrEnum):
     SWEEP_STORAGE = "mlops.sweep.storage"
     PREVIOUS_RUN = "mlops.previous_run_id"
     RESUME_CHANGES = "mlops.resume_changes"
+    # Training as a service (`mlops train submit`): who asked, for which team, and where it ran.
+    TEAM = "mlops.team"  # the team a run, snapshot build or job belongs to (its quota is charged)
+    JOB_ID = "mlops.job_id"  # the Ray job (submission id) that ran it
+    CLUSTER = "mlops.cluster"  # the Ray cluster's dashboard address the job ran on
+    SUBMITTED_BY = "mlops.submitted_by"  # the authenticated identity that submitted the job
+    PRIORITY = "mlops.priority"  # high, normal or low
+    # Best-checkpoint selection (train.select): the checkpoint the final model was built from, and why.
+    SELECTED_STEP = "mlops.selected_step"
+    SELECTED_METRIC = "mlops.selected_metric"  # the metric and mode, "val_loss min"
+    SELECTED_VALUE = "mlops.selected_value"
+    SELECTED_CHECKPOINT = "mlops.selected_checkpoint"  # the checkpoint folder (prune never deletes it)
+    EARLY_STOPPED = "mlops.early_stopped"  # why the run ended before train.max_steps
 
 
 def code_version() -> str:

@@ -116,3 +116,70 @@ def test_model_without_snapshot_lineage_is_reported_as_unknown(tiny_model, mlops
     assert contamination_for_model(model, get_suites("general"), ContaminationConfig())["status"] == "no_snapshot"
     model = ResolvedModel("x", Path(tiny_model["path"]), "folder", run_tags={"mlops.data_snapshot_id": "snap-nope"})
     assert contamination_for_model(model, get_suites("general"), ContaminationConfig())["status"] == "snapshot_missing"
+
+
+def _leaky_version(tiny_model, tmp_path, leaked: dict) -> str:
+    """A registered version of the tiny model whose lineage names a snapshot that holds one eval prompt."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from mlops.data.format import write_snapshot
+    from mlops.lineage import Tag
+    from mlops.tracking import tracked_run
+    from registry.versions import register_model_version
+
+    tok = AutoTokenizer.from_pretrained(tiny_model["path"])
+    text = tok.apply_chat_template([{"role": "user", "content": leaked["prompt"]},
+                                    {"role": "assistant", "content": "Let me check."}], tokenize=False)
+    snapshot = write_snapshot({"train": [tok(text).input_ids]}, seq_len=128).name
+    folder = tmp_path / "leaky-model"
+    shutil.copytree(tiny_model["path"], folder)
+    with tracked_run("test", run_name="train", tags={Tag.STAGE: "train", Tag.BASE_MODEL: "tiny",
+                                                     Tag.SNAPSHOT_ID: snapshot}) as run:
+        run.log_hf_model(folder)
+    return str(register_model_version(run.run_id, "bot"))
+
+
+def test_a_contaminated_model_is_not_served_and_its_gate_fails_on_the_contamination_alone(
+        tiny_model, mlops_home, tmp_path, monkeypatch):
+    import evaluation.runner as runner
+    from evaluation.gate_run import run_gate
+    from mlops.config import load_config
+    from mlops.lineage import Tag
+    from mlops.run_store import get_run
+
+    leaked = get_suites("general")[0].task("general_knowledge").items()[0]
+    version = _leaky_version(tiny_model, tmp_path, leaked)
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("a contaminated model was served")
+
+    monkeypatch.setattr(runner, "ServerProcess", no_server)
+    cfg = load_config(None, ["eval.limit=2", "run.experiment=eval-test", "eval.suites=[general]"])
+    outcome = runner.run_eval(cfg, f"models:/bot/{version}", suites="general")
+    assert outcome.scores == [] and outcome.contamination["count"] == 1
+    assert outcome.summary["not_scored"].startswith("1 eval items overlap the training snapshot")
+    assert leaked["id"] in outcome.summary["not_scored"] and "when_found=score" in outcome.summary["not_scored"]
+    assert get_run(outcome.run_id).data.tags[Tag.EVAL_NOT_SCORED] == "contaminated"
+    # The gate needs no reference eval and no champion's: the contamination check alone fails it.
+    gate = run_gate(cfg, f"models:/bot/{version}", None)
+    assert not gate.report.passed and [c.rule for c in gate.report.checks] == ["contamination"]
+    assert "1 eval items overlap the training snapshot" in gate.report.reasons[0]
+
+
+def test_a_contaminated_model_scored_anyway_still_fails_its_gate_on_contamination(tiny_model, mlops_home, tmp_path):
+    from evaluation.gate_run import run_gate
+    from evaluation.runner import run_eval
+    from mlops.config import load_config
+
+    leaked = get_suites("general")[0].task("general_knowledge").items()[0]
+    version = _leaky_version(tiny_model, tmp_path, leaked)
+    cfg = load_config(None, ["eval.limit=2", "eval.concurrency=2", "run.experiment=eval-test", "eval.suites=[general]",
+                             "eval.contamination.when_found=score", "eval.gate.floors={}", "eval.gate.must_beat={}"])
+    outcome = run_eval(cfg, f"models:/bot/{version}", suites="general")
+    assert outcome.scores and "not_scored" not in outcome.summary
+    assert outcome.summary["contamination"]["count"] == 1
+    gate = run_gate(cfg, f"models:/bot/{version}", None)
+    assert not gate.report.passed and gate.report.reasons == [gate.report.checks[0].reason]
+    assert gate.report.checks[0].rule == "contamination"

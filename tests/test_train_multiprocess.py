@@ -4,6 +4,7 @@ drill, and `mlflow run`. Slow: each run starts fresh Python processes."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -113,10 +114,21 @@ def test_sigterm_to_a_two_process_launcher_checkpoints_every_rank_and_a_rerun_re
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 143, (tmp_path / "first.log").read_text()[-3000:]
     stopped = max(read_trace(ckpt / "trace.jsonl"))
-    assert [s for s, _ in list_tags(ckpt)] == [stopped]  # no checkpoint step was reached: the notice saved it
     manifest = read_manifest(ckpt / f"step-{stopped:08d}")
-    assert manifest["world_size"] == 2 and len([f for f in manifest["files"] if "optim_states" in f]) == 2
+    # No checkpoint_every step was reached, so the saves are the notice's (the newest) and each val_loss
+    # improvement (the recipe selects on val_loss, and an improvement saves whatever checkpoint_every says); the
+    # pruner keeps keep_last=2 of them plus the selection's best.
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    improvements, lowest = [], math.inf
+    for m in sorted(client.get_metric_history(manifest["run_id"], "val_loss"), key=lambda m: m.step):
+        if m.step <= stopped and m.value < lowest:
+            improvements.append(m.step)
+            lowest = m.value
+    best = manifest["selection"]["step"]
+    assert best == (improvements[-1] if improvements else None)
+    kept = set(sorted({stopped, *improvements})[-2:]) | ({best} - {None})
+    assert [s for s, _ in list_tags(ckpt)] == sorted(kept, reverse=True)
+    assert manifest["world_size"] == 2 and len([f for f in manifest["files"] if "optim_states" in f]) == 2
     run = client.get_run(manifest["run_id"])
     assert run.info.status == "KILLED" and "SIGTERM" in run.data.tags[Tag.STOP_REASON]
     done = mlops_train(env, [*args, f"train.max_steps={stopped + 3}"], nproc=2)  # max_steps may change
