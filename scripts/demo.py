@@ -37,12 +37,14 @@ SERVICE = {"MLOPS_USER": "ci-bot", "MLOPS_PASSWORD": "Service-Demo-2026"}
 # The demo's eval config (configs/eval/demo.yaml): 12 items per task, so three evals fit the demo's time, with
 # floors measured on the base model at that limit. `python -m evaluation.calibrate` scores every item.
 PROFILES = {
-    # Shorter than the recipe's 100 steps (the demo's time): round 1 still beats the base on the business suite
-    # beyond the interval, and round 2 starts from v1's weights, so it needs fewer steps still.
-    "smollm2": {"base": "smollm2", "train": "configs/train/sft-smollm2-lora.yaml", "broken_steps": 8,
+    # Shorter than the recipe's 100 steps (the demo's time): round 1 at 60 steps still beats the base on the
+    # business suite beyond the interval (0.275, [0.226, 0.325] against 0.186), and round 2 starts from v1's
+    # weights: it adds the new round's data without having to relearn round 1's. The broken round is refused on
+    # its contamination report before anything is scored, so its training only has to produce a version.
+    "smollm2": {"base": "smollm2", "train": "configs/train/sft-smollm2-lora.yaml", "broken_steps": 4,
                 "spot_n": 8, "shadow_requests": 20, "max_tokens": 48, "eval": [],
                 "round1": ["train.max_steps=60", "train.eval_every=30", "train.checkpoint_every=30"],
-                "round2": ["train.max_steps=40", "train.eval_every=20", "train.checkpoint_every=20"]},
+                "round2": ["train.max_steps=20", "train.eval_every=10", "train.checkpoint_every=10"]},
     # The tiny model is random: its scores carry no signal, so the test holds it to no score floor.
     "tiny": {"base": "tiny", "train": "configs/train/tiny.yaml", "broken_steps": 4, "spot_n": 4,
              "shadow_requests": 6, "max_tokens": 8,

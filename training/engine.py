@@ -45,6 +45,13 @@ def init_world(backend: str = "auto") -> World:
     chosen = backend if backend != "auto" else ("nccl" if gpu else "gloo")
     import deepspeed
 
+    if alone and not gpu:
+        import importlib
+
+        ds_comm = importlib.import_module("deepspeed.comm.torch")  # by name: its attribute `torch` is torch itself
+        # A world of one has no peer to share memory with: DeepSpeed would still compile its shared-memory
+        # allreduce op (~40 s on a fresh machine, the first training of a newcomer's demo) to use it never.
+        ds_comm.build_shm_op = lambda: None
     if not dist.is_initialized():
         deepspeed.init_distributed(dist_backend=chosen)
     local = int(os.environ.get("LOCAL_RANK", "0"))
