@@ -53,6 +53,14 @@ def llamacpp_build_seconds(clone: Path, install_started: float) -> float | None:
     return rc.stat().st_mtime - install_started if rc.exists() else None
 
 
+def cpu_model() -> str:
+    """The CPU's name and whether it has AVX-512: a LoRA step of the demo took 4.9 s on the 2-core machine of the
+    first figure and 8 s on a 2-core AMD EPYC without AVX-512, so a figure without its CPU says little."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    return f"{name}, {'AVX-512' if ' avx512f' in info else 'no AVX-512'}"
+
+
 def measure(work: Path, keep_caches: bool) -> dict:
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
                            text=True).stdout.strip()
@@ -64,14 +72,15 @@ def measure(work: Path, keep_caches: bool) -> dict:
     subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
     env = fresh_env(work, keep_caches)
     load_before = os.getloadavg()
-    print(f"{os.cpu_count()} cores, load average before {load_before[0]:.2f}; clone of {commit} in {clone}", flush=True)
+    print(f"{os.cpu_count()} cores ({cpu_model()}), load average before {load_before[0]:.2f}; clone of {commit} in "
+          f"{clone}", flush=True)
     started = time.time()
     install = timed(["make", "install"], clone, env, work / "install.log")
     build = llamacpp_build_seconds(clone, started)
     print(f"install {install / 60:.1f} min (llama.cpp build done {build / 60 if build else 0:.1f} min in)", flush=True)
     loop = timed(["make", "demo"], clone, env, work / "demo.log")
     steps = json.loads((clone / ".mlops" / "demo" / "timings.json").read_text())
-    return {"date": time.strftime("%Y-%m-%d"), "commit": commit, "cores": os.cpu_count(),
+    return {"date": time.strftime("%Y-%m-%d"), "commit": commit, "cores": os.cpu_count(), "cpu": cpu_model(),
             "load_before": load_before[0], "load_after": os.getloadavg()[0], "caches_kept": keep_caches,
             "install_s": install, "llamacpp_build_s": build, "loop_s": loop, "total_s": install + loop,
             "steps": steps, "goal_min": GOAL_MIN, "met": (install + loop) / 60 <= GOAL_MIN}
@@ -79,7 +88,8 @@ def measure(work: Path, keep_caches: bool) -> dict:
 
 def table(result: dict) -> str:
     m = 60.0
-    lines = [f"`make demo` from a fresh clone of {result['commit']}, {result['date']}: {result['cores']} cores, "
+    lines = [f"`make demo` from a fresh clone of {result['commit']}, {result['date']}: {result['cores']} cores "
+             f"({result.get('cpu', '?')}), "
              f"load average {result['load_before']:.2f} before, {result['load_after']:.2f} after; caches "
              f"{'kept' if result['caches_kept'] else 'empty (pip, llama.cpp)'}", "",
              "| part | minutes |", "|---|---|",
