@@ -129,6 +129,7 @@ def test_smollm2_import_converts_gguf_to_reloadable_safetensors(tmp_path):
     assert base_models.catalog(tmp_path / "models")["smollm2"]["id"] == entry["id"]
 
 
+@pytest.mark.slow  # a heavy run on 2 cores: CI runs it (CI=true), `make test` leaves it
 def test_the_tiny_model_id_does_not_depend_on_the_importers_hub_mode(tiny_model, tmp_path):
     """transformers writes the hub mode a tokenizer was loaded in into its config; an importer without
     HF_HUB_OFFLINE must still get the same folder, hence the same id (no network is touched either way)."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
+
 from evaluation.config import ContaminationConfig
 from evaluation.contamination import contamination_for_model, contamination_report, rule_of, suite_items
 from evaluation.suites import SUITES_DIR, get_suites
@@ -168,6 +170,7 @@ def test_a_contaminated_model_is_not_served_and_its_gate_fails_on_the_contaminat
     assert "1 eval items overlap the training snapshot" in gate.report.reasons[0]
 
 
+@pytest.mark.slow  # a heavy run on 2 cores: CI runs it (CI=true), `make test` leaves it
 def test_a_contaminated_model_scored_anyway_still_fails_its_gate_on_contamination(tiny_model, mlops_home, tmp_path):
     from evaluation.gate_run import run_gate
     from evaluation.runner import run_eval

@@ -123,6 +123,7 @@ def test_a_store_lost_after_the_ledger_commit_leaves_the_act_in_force_and_the_re
     assert code == 0, out
 
 
+@pytest.mark.slow  # a heavy run on 2 cores: CI runs it (CI=true), `make test` leaves it
 def test_a_locked_store_is_refused_cleanly_and_a_retry_succeeds(ready, monkeypatch):
     from registry import ledger
 

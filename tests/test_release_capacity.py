@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from mlops.lineage import Tag
 
 
@@ -17,6 +19,7 @@ def test_the_knee_is_the_smallest_concurrency_near_the_ceiling():
     assert drift([{"rss_mb": 100.0}, {"rss_mb": 104.0}], "rss_mb") == 1.04
 
 
+@pytest.mark.slow  # a heavy run on 2 cores: CI runs it (CI=true), `make test` leaves it
 def test_capacity_is_measured_on_the_served_version_stored_on_it_and_shown_in_the_app(app_store):
     from app.testing import app_test, log_in, open_page
     from mlops.model_refs import resolve_model_ref

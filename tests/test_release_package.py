@@ -26,6 +26,7 @@ def _registered_llamacpp_version(tmp_path, tiny_model) -> tuple[dict, str]:
     return who, register(who["tina"], run_id, "pbot")
 
 
+@pytest.mark.slow  # a heavy run on 2 cores: CI runs it (CI=true), `make test` leaves it
 def test_package_is_a_signed_act_and_serving_loads_exactly_the_packaged_gguf(mlops_home, tiny_model, tmp_path,
                                                                             request):
     from mlops.files import file_sha256

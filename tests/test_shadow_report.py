@@ -76,6 +76,7 @@ def test_refusal_detector_and_since_parsing():
         parse_since("yesterday")
 
 
+@pytest.mark.slow  # a heavy run on 2 cores: CI runs it (CI=true), `make test` leaves it
 def test_shadow_report_cli_prints_json_and_names_unknown_scorers(traced_home):
     from evaluation.shadow import shadow_evidence
 

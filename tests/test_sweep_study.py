@@ -198,6 +198,7 @@ def test_trial_of_a_dead_worker_is_failed_by_heartbeat_and_its_run_marked_failed
     assert run.info.status == "FAILED" and "stopped sending heartbeats" in run.data.tags[Tag.FAILURE_REASON]
 
 
+@pytest.mark.slow  # a heavy run on 2 cores: CI runs it (CI=true), `make test` leaves it
 def test_retry_requeues_a_dead_workers_trial_with_the_same_params(mlops_home, tmp_path, snapshot):
     from training.sweep.session import run_worker
 

@@ -71,6 +71,7 @@ def test_grad_norm_spike_stops_the_run(make_cfg):
     assert tracker.status == "FAILED" and tracker.artifacts["incident.json"]["step"] == 7
 
 
+@pytest.mark.slow  # a heavy run on 2 cores: CI runs it (CI=true), `make test` leaves it
 def test_corrupt_shard_byte_falls_back_to_the_previous_checkpoint(make_cfg, tmp_path):
     from training.trainer import SimulatedCrash
 

@@ -61,6 +61,7 @@ def test_fp16_on_cpu_is_refused_before_any_folder_or_run(make_cfg, tmp_path):
     assert not (tmp_path / "f").exists()
 
 
+@pytest.mark.slow  # a heavy run on 2 cores: CI runs it (CI=true), `make test` leaves it
 def test_activation_checkpointing_recomputes_the_same_losses_in_the_default_fp32(make_cfg, tmp_path):
     common = {"train.max_steps": 3, "train.final_model": False}
     result, tracker = run(make_cfg("plain", **common))

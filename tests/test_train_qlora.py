@@ -60,6 +60,7 @@ def test_a_4bit_base_counts_as_many_weights_as_its_float_twin(tiny_model):
     assert flops_per_token(counts, **shape) == flops_per_token(count_params(lora), **shape)
 
 
+@pytest.mark.slow  # a heavy run on 2 cores: CI runs it (CI=true), `make test` leaves it
 def test_qlora_trains_and_its_final_model_is_merged_dequantized_and_loads(make_cfg, tmp_path):
     import torch
     from safetensors.torch import load_file

@@ -47,6 +47,7 @@ def trace(tmp_path, name):
 # --------------------------------------------------------------------------- preemption
 
 
+@pytest.mark.slow  # a heavy run on 2 cores: CI runs it (CI=true), `make test` leaves it
 def test_sigterm_saves_a_checkpoint_marks_run_killed_and_rerun_resumes_in_the_same_run(make_cfg, tmp_path):
     from training.stopping import Preempted, graceful_signals
     from training.trainer import train
@@ -178,6 +179,7 @@ def test_another_world_size_under_zero0_cannot_silently_change_the_global_batch(
     assert kept.accum == 1 and kept.global_batch == 4 and kept.resume_from is not None
 
 
+@pytest.mark.slow  # a heavy run on 2 cores: CI runs it (CI=true), `make test` leaves it
 def test_smoke_runs_never_share_checkpoints_or_runs_with_real_runs(make_cfg, tmp_path):
     from training.prepare import prepare
     from training.trainer import train
@@ -232,6 +234,7 @@ def test_grad_norm_spike_rule_is_on_by_default(make_cfg):
 # --------------------------------------------------------------------------- corrupt checkpoints, one writer, full disk
 
 
+@pytest.mark.slow  # a heavy run on 2 cores: CI runs it (CI=true), `make test` leaves it
 def test_all_corrupt_checkpoints_are_refused_moved_aside_and_their_run_failed(make_cfg, tmp_path):
     from training.checkpoint import CorruptCheckpoints
     from training.trainer import SimulatedCrash, train

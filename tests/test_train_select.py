@@ -66,6 +66,7 @@ def test_early_stopping_ends_a_stalled_run_at_its_best_and_says_why(make_train_c
     assert again.steps == 6  # a rerun of a finished, early-stopped run trains nothing
 
 
+@pytest.mark.slow  # a heavy run on 2 cores: CI runs it (CI=true), `make test` leaves it
 def test_a_killed_run_resumes_to_the_same_best_and_stops_at_the_same_step(make_train_cfg, tmp_path):
     from training.trainer import SimulatedCrash
 
@@ -95,6 +96,7 @@ def test_every_checkpoint_manifest_carries_the_evaluations_of_its_step(make_trai
     assert manifests[8]["selection"]["metric"] == "val_loss" and manifests[8]["selection"]["mode"] == "min"
 
 
+@pytest.mark.slow  # a heavy run on 2 cores: CI runs it (CI=true), `make test` leaves it
 def test_the_business_suite_is_scored_during_the_run_without_changing_its_training(make_train_cfg, tmp_path):
     plain, _ = run_tiny(make_train_cfg("plain", **{"train.final_model": False}))
     cfg = make_train_cfg("biz", **{"train.final_model": False, "train.eval.suites": "[business]",

@@ -21,6 +21,7 @@ LONG = {"train.smoke.required_above_hours": 1e-9, "train.smoke.steps": 4, "train
         "train.smoke.min_loss_drop": 0, "train.final_model": False, "train.max_steps": 4}
 
 
+@pytest.mark.slow  # a heavy run on 2 cores: CI runs it (CI=true), `make test` leaves it
 def test_a_long_run_is_refused_until_a_smoke_of_its_config_passed(make_train_cfg, tmp_path):
     from mlops.run_store import get_run
     from training.smoke_rule import SMOKE_OF
@@ -60,6 +61,7 @@ def test_training_runs_carry_mlflows_system_metrics(make_train_cfg):
     assert "system/cpu_utilization_percentage" in metrics and "system/system_memory_usage_megabytes" in metrics
 
 
+@pytest.mark.slow  # a heavy run on 2 cores: CI runs it (CI=true), `make test` leaves it
 def test_a_cli_training_logs_from_all_its_threads_without_starving_the_store_pool(mlops_home, tiny_model):
     """The step loop, the heartbeat, MLflow's system-metrics monitor and the checkpoint finalizer write to the store
     at once; the CLI's bounded pool must leave them room, or each waits out the pool's 30 s timeout."""
