@@ -352,6 +352,7 @@ def test_a_grad_norm_spike_rising_validation_loss_and_a_data_stall_each_fire_the
 # ----------------------------------------------------------------- the signals themselves
 
 
+@pytest.mark.slow  # a heavy run on 2 cores: CI runs it (CI=true), `make test` leaves it
 def test_the_textfile_holds_every_gauge_with_the_runs_labels_and_its_logged_values(real):
     from prometheus_client.parser import text_string_to_metric_families
 

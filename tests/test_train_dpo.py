@@ -196,6 +196,7 @@ def test_full_dpo_precomputes_its_reference_once_and_resumes_bitwise_after_a_kil
     assert (tmp_path / "cut" / FILE).exists()
 
 
+@pytest.mark.slow  # a heavy run on 2 cores: CI runs it (CI=true), `make test` leaves it
 def test_a_resume_without_its_reference_is_refused_naming_the_file(dpo_cfg, tmp_path):
     from mlops.errors import MLOpsError
     from training.dpo_reference import FILE

@@ -72,6 +72,7 @@ def test_sigterm_saves_a_checkpoint_marks_run_killed_and_rerun_resumes_in_the_sa
     assert result.metrics["val_loss"] == reference.metrics["val_loss"]
 
 
+@pytest.mark.slow  # a heavy run on 2 cores: CI runs it (CI=true), `make test` leaves it
 def test_sigterm_without_time_for_a_save_stops_at_once_and_resumes_from_the_previous_checkpoint(make_cfg, tmp_path):
     from training.stopping import Preempted, graceful_signals
 

@@ -83,6 +83,7 @@ def test_a_killed_run_resumes_to_the_same_best_and_stops_at_the_same_step(make_t
     assert tracker.tags[Tag.EARLY_STOPPED] == ref_tracker.tags[Tag.EARLY_STOPPED]
 
 
+@pytest.mark.slow  # a heavy run on 2 cores: CI runs it (CI=true), `make test` leaves it
 def test_every_checkpoint_manifest_carries_the_evaluations_of_its_step(make_train_cfg, tmp_path):
     result, tracker = run_tiny(make_train_cfg("m", **{"train.eval_every": 4, "train.checkpoint_every": 2,
                                                       "train.checkpoint.keep_last": 4, "train.final_model": False,
