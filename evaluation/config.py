@@ -45,7 +45,7 @@ class ContaminationConfig(StrictModel):
     """The report uses the contamination rule the snapshot was built with (its manifest's `data.decontam`):
     one definition for build and report, so it has no n-gram setting of its own."""
 
-    enabled: bool = Field(True, description="check eval items against the training snapshot after each eval")
+    enabled: bool = Field(True, description="check eval items against the training snapshot, first in each eval")
     split: str = Field("train", description="snapshot split the model was trained on")
     when_found: Literal["stop", "score"] = Field(
         "stop", description="an eval item overlaps the training snapshot: stop (the report only, nothing served: "
