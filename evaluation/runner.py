@@ -181,7 +181,7 @@ def run_eval(cfg, ref: str, *, suites: list[str] | str | None = None, profile_pa
             set_version_tags(model, contamination_tags(contamination))
         facts = {"model_ref": ref, "model_key": model.key, "profile_hash": profile.profile_hash(),
                  "forced_profile": forced, "run_id": run.run_id, **contamination_brief(contamination)}
-        stop = not_scored_because(contamination, eval_cfg.contamination)
+        stop = not_scored_because(contamination, eval_cfg.contamination, released=released_version(model))
         if stop:  # nothing served: the report is all a refused candidate's eval needs
             scores, doc = [], summary([], suite_objs, {**facts, "not_scored": stop})
             run.set_tags({Tag.EVAL_NOT_SCORED: "contaminated"})
@@ -244,9 +244,23 @@ def contamination_brief(report: dict | None) -> dict:
                               "snapshot_id": report.get("snapshot_id")}}
 
 
-def not_scored_because(report: dict | None, rule) -> str | None:
-    """Why the suites are not scored (eval.contamination.when_found=stop and an item overlaps the snapshot)."""
+def released_version(model) -> bool:
+    """Whether the model is a version a release act put behind a serving alias (a champion, e.g. @production)."""
+    from registry.state import ALIAS_OF_STAGE
+
+    return bool(set(model.aliases or ()) & set(ALIAS_OF_STAGE.values()))
+
+
+def not_scored_because(report: dict | None, rule, *, released: bool = False) -> str | None:
+    """Why the suites are not scored (eval.contamination.when_found=stop and an item overlaps the snapshot). A
+    released version is scored all the same: the contamination gate judges candidates, and a champion's eval is
+    the baseline every later gate compares with (a DPO round's held-out pairs come from the champion's own
+    traffic, which repeats what it was trained on); its report stays in the summary and on its tags."""
     if report is None or rule.when_found != "stop" or report.get("status") != "checked" or not report.get("count"):
+        return None
+    if released:
+        print(f"eval scored although {report['count']} eval items overlap the training snapshot "
+              f"{report.get('snapshot_id')}: this version is released, its scores are a baseline", flush=True)
         return None
     return (f"{report['count']} eval items overlap the training snapshot {report.get('snapshot_id')} (e.g. "
             f"{', '.join(str(i.get('id')) for i in report.get('offending', [])[:3])}): the contamination gate "
