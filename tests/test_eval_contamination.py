@@ -170,6 +170,18 @@ def test_a_contaminated_model_is_not_served_and_its_gate_fails_on_the_contaminat
     assert "1 eval items overlap the training snapshot" in gate.report.reasons[0]
 
 
+def test_a_released_version_is_scored_despite_contamination_as_the_baseline_it_is(tiny_model):
+    from evaluation.runner import not_scored_because, released_version
+
+    report = {"status": "checked", "count": 2, "snapshot_id": "snap-x", "offending": [{"id": "a"}, {"id": "b"}]}
+    rule = ContaminationConfig()
+    champion = ResolvedModel("models:/bot/1", Path(tiny_model["path"]), "registry", aliases=("production",))
+    candidate = ResolvedModel("models:/bot/2", Path(tiny_model["path"]), "registry")
+    assert released_version(champion) and not released_version(candidate)
+    assert not_scored_because(report, rule, released=released_version(champion)) is None
+    assert not_scored_because(report, rule, released=released_version(candidate)).startswith("2 eval items overlap")
+
+
 @pytest.mark.slow  # a heavy run on 2 cores: CI runs it (CI=true), `make test` leaves it
 def test_a_contaminated_model_scored_anyway_still_fails_its_gate_on_contamination(tiny_model, mlops_home, tmp_path):
     from evaluation.gate_run import run_gate

@@ -46,6 +46,37 @@ def test_the_pairs_suite_holds_out_the_validation_pairs_with_the_chosen_answer_a
         assert item["prompt"].rstrip().endswith("assistant")  # rendered as trained, up to the answer
 
 
+def test_pairs_a_judged_model_was_trained_on_are_left_out_of_the_suite(pair_snapshot, tiny_model, tmp_path):
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from evaluation.config import ContaminationConfig
+    from evaluation.pairs import seen_in_training, suite_ids, write_pair_suite
+    from evaluation.suites import load_suite
+    from mlops.data.format import write_snapshot
+    from mlops.model_refs import ResolvedModel
+
+    folder = write_pair_suite(pair_snapshot["id"], tmp_path / "suites", tokenizer_path=tiny_model["path"])
+    items = load_suite(folder).tasks[0].items()
+    asked = next(r for r in pair_snapshot["records"] if r["prompt"] in items[0]["prompt"])
+    tok = AutoTokenizer.from_pretrained(tiny_model["path"])
+    text = tok.apply_chat_template([{"role": "user", "content": asked["prompt"]},
+                                    {"role": "assistant", "content": asked["chosen"]}], tokenize=False)
+    trained = write_snapshot({"train": [tok(text).input_ids]}, seq_len=256).name
+    champion = ResolvedModel("models:/bot/1", Path(tiny_model["path"]), "registry",
+                             run_tags={"mlops.data_snapshot_id": trained})
+    seen = seen_in_training(folder, [champion], ContaminationConfig())
+    assert seen == {"models:/bot/1": [items[0]["id"]]}
+    folder = write_pair_suite(pair_snapshot["id"], tmp_path / "suites", tokenizer_path=tiny_model["path"],
+                              leave_out=set(seen["models:/bot/1"]))
+    assert suite_ids(folder) == [item["id"] for item in items[1:]]
+    load_suite(folder)  # rewritten with its own fingerprint
+    with pytest.raises(ConfigError, match=r"not trained on \(\d+ left out\).*Fix"):
+        write_pair_suite(pair_snapshot["id"], tmp_path / "suites", tokenizer_path=tiny_model["path"],
+                         leave_out={item["id"] for item in items})
+
+
 def test_a_chat_snapshot_is_no_pairs_suite(train_snapshot, tiny_model, tmp_path):
     from evaluation.pairs import write_pair_suite
 
