@@ -18,8 +18,6 @@ import json
 import sys
 from pathlib import Path
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo import (  # noqa: E402
     EVAL_CONFIG,
@@ -126,9 +124,10 @@ def pairs_per_step(train_config: str) -> list[str]:
     """One pair per micro step, the recipe's pairs per optimizer step by accumulation. The build may set pairs
     aside (an empty or blocklisted answer, a duplicate): a handful of production pairs can end below the recipe's
     micro batch, which the trainer refuses, while one pair a micro step trains on any number."""
-    train = yaml.safe_load(Path(train_config).read_text())["train"]
-    per_step = train.get("global_batch_size") or train.get("micro_batch_size", 4) * train.get("grad_accum", 1)
-    return ["train.micro_batch_size=1", f"train.grad_accum={per_step}"]
+    from mlops.config import load_config
+
+    _, _, per_step = load_config(train_config, []).train.batch_layout(1)  # the demo trains in one process
+    return ["train.micro_batch_size=1", f"train.global_batch_size={per_step}"]
 
 
 def snapshot_pairs(snapshot: str, split: str) -> int:
@@ -171,8 +170,9 @@ def main() -> None:
     print(f"the builds kept {kept['training']} pairs to train on and {kept['held out']} held out")
     if not all(kept.values()):
         raise SystemExit("demo-dpo stopped: the builds kept no pairs " + " and none ".join(
-            k for k, v in kept.items() if not v) + " (`mlops data show SNAPSHOT` says what was set aside and why). "
-            "Fix: collect more corrections (serve more traffic, `make demo` on a new home) and rerun.")
+            "to train on" if k == "training" else "held out" for k, v in kept.items() if not v)
+            + " (`mlops data show SNAPSHOT` says what was set aside and why). Fix: collect more corrections (serve "
+            "more traffic, `make demo` on a new home) and rerun.")
 
     print(f"== DPO from v{production} on {snapshot} ==")
     mlflow_run("train", config=p["train"], env=TRAINER, overrides=" ".join([

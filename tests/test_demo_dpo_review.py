@@ -88,5 +88,4 @@ def test_a_dpo_round_trains_one_pair_a_micro_step_at_the_recipes_pairs_per_step(
 
     cfg = load_config(REPO / recipe, demo_dpo.pairs_per_step(str(REPO / recipe))).train
     base = load_config(REPO / recipe, []).train
-    assert cfg.micro_batch_size == 1
-    assert cfg.grad_accum == base.micro_batch_size * base.grad_accum  # the recipe's pairs per optimizer step
+    assert cfg.batch_layout(1) == (1, base.micro_batch_size * base.grad_accum, base.batch_layout(1)[2])
