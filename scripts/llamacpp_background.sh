@@ -39,6 +39,13 @@ wait)
     echo "llama.cpp build failed (log above). Fix: see the log's last error, then rerun."
     exit 1
   fi
+  # Ready already: the venv's manifest (written last, after the bindings) names a built llama-server and no compile
+  # has finished since. A caller whose environment differs from the install's (another MLOPS_LLAMACPP_CACHE, as in
+  # a test's clean environment) must not start a second build.
+  if [ -f "$VENV/llamacpp.json" ] && ! [ "$RC" -nt "$VENV/llamacpp.json" ] && "$PY" -c 'import json, pathlib, sys
+sys.exit(not pathlib.Path(json.load(open(sys.argv[1]))["bin"], "llama-server").is_file())' "$VENV/llamacpp.json"; then
+    exit 0
+  fi
   bash "$HERE/build_llamacpp.sh" "$PY"  # cached: the bindings alone; never started: the whole build, here
   ;;
 *)
