@@ -122,7 +122,7 @@ def pair_suite(
                                    "built the snapshot"),
     limit: int | None = typer.Option(None, "--limit", help="at most this many pairs"),
     judged: list[str] = typer.Option([], "--judged", help="a model the suite will judge (repeatable; e.g. the "
-                                     "champion): pairs its training snapshot holds are left out"),
+                                     "DPO candidate): pairs its training snapshot holds are left out"),
     config: Path | None = ConfigOpt,
     as_json: bool = typer.Option(False, "--json", help="print the suite folder, the pair ids it holds and those "
                                  "left out per judged model as JSON"),

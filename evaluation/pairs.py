@@ -107,12 +107,13 @@ def write_pair_suite(snapshot_id: str, out: Path | str, *, tokenizer_path: str |
 
 def seen_in_training(folder: Path, models: list, contamination_cfg) -> dict[str, list[str]]:
     """Per judged model (resolved), the ids of the written suite's pairs that its training snapshot holds, by the
-    eval's own contamination check (evaluation.contamination): such a pair scores the model's memory, and an eval
-    stops at it (eval.contamination.when_found). Production traffic repeats questions the champion was trained on,
-    so a held-out suite from feedback has to leave those out to judge champion and candidate alike."""
+    eval's own contamination check (evaluation.contamination): such a pair scores the model's memory, and a
+    candidate's eval stops at it (eval.contamination.when_found; a released version's is scored all the same)."""
     from evaluation.contamination import contamination_for_model
     from evaluation.suites import load_suite
 
+    if not models:
+        return {}
     suite = load_suite(folder)
     return {model.ref: sorted({str(o["id"]) for o in contamination_for_model(model, [suite], contamination_cfg)
                                ["offending"]}) for model in models}
